@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The runtime of devices::Threads: a persistent pool (replica 0 is the calling thread, replicas
+// 1..R-1 are workers created once), a barrier that names the replicas that did not arrive, and
+// fixed-stride exchange slots. Models mirror::device_runtime (mirror/concepts/device.hpp).
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+#include <backends/threads/parking_lot.hpp>
+#include <mirror/concepts/device.hpp>
+#include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/exchanged.hpp>
+#include <mirror/error.hpp>
+#include <mirror/reduce_op.hpp>
+
+namespace mirror::threads {
+
+class runtime {
+ public:
+  template <class E>
+  using pointer = E*;
+  static constexpr bool host_addressable = true;
+  /// Largest payload `exchange` carries (a collective header plus one cache line of data).
+  static constexpr std::size_t max_exchange_bytes = 192;
+
+  runtime(int replicas, std::chrono::milliseconds timeout) : n_(replicas), timeout_(timeout) {
+    if (replicas < 1) {
+      throw std::invalid_argument("mirror::devices::Threads{.replicas = " + std::to_string(replicas) +
+                                  "}: replicas must be >= 1 (it may exceed the number of cores)");
+    }
+    if (timeout.count() <= 0) {
+      throw std::invalid_argument("mirror::devices::Threads{.timeout}: the collective timeout must be positive");
+    }
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    // Spinning only pays when every replica has a core; oversubscribed, a spinner steals the
+    // time slice of the replica it waits for.
+    if (static_cast<unsigned>(n_) <= cores) {
+      lot_.configure(4000, 8);
+    } else {
+      lot_.configure(32, 2);
+    }
+    replica_ = std::make_unique<per_replica[]>(static_cast<std::size_t>(n_));
+    slots_ = std::make_unique<slot[]>(2 * static_cast<std::size_t>(n_));
+    workers_.reserve(static_cast<std::size_t>(n_ - 1));
+    for (int r = 1; r < n_; ++r) workers_.emplace_back([this, r] { work(r); });
+  }
+
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
+
+  ~runtime() {
+    stop_.store(true, std::memory_order_release);
+    job_seq_.fetch_add(1, std::memory_order_acq_rel);
+    lot_.wake();
+    for (auto& w : workers_) w.join();
+  }
+
+  int num_replicas() const noexcept { return n_; }
+
+  /// True on a thread that is running a replica function of this runtime.
+  bool in_parallel() const noexcept { return current == this; }
+
+  /// Calls f(r) for every replica r concurrently (r = 0 on the calling thread); returns when
+  /// all have returned. f must not throw.
+  template <class F>
+  void parallel(F&& f) {
+    static_assert(std::is_nothrow_invocable_v<F&, int>, "runtime::parallel(f): f(int) must be noexcept");
+    reset_collectives();
+    job_ = &invoke<std::remove_reference_t<F>>;
+    job_arg_ = static_cast<void*>(std::addressof(f));
+    pending_.store(n_ - 1, std::memory_order_relaxed);
+    job_seq_.fetch_add(1, std::memory_order_acq_rel);
+    lot_.wake();
+    run_one(0);
+    lot_.wait([&] { return pending_.load(std::memory_order_acquire) == 0; });
+  }
+
+  /// Makes every waiting and later exchange/barrier of the current parallel call throw
+  /// detail::collective_cancelled.
+  void cancel() {
+    cancelled_.store(true, std::memory_order_release);
+    lot_.wake();
+  }
+
+  /// All-gather of `payload` and a barrier.
+  template <class P>
+  detail::exchanged<P> exchange(int self, const P& payload) {
+    static_assert(std::is_trivially_copyable_v<P>, "exchange payloads are copied as bytes");
+    static_assert(sizeof(P) <= max_exchange_bytes && alignof(P) <= alignof(slot),
+                  "exchange payload too large for the runtime's slots");
+    per_replica& me = replica_[static_cast<std::size_t>(self)];
+    const std::size_t parity = me.calls & 1u;
+    std::memcpy(slots_[parity * static_cast<std::size_t>(n_) + static_cast<std::size_t>(self)].bytes, &payload,
+                sizeof(P));
+    arrive(self);
+    return detail::exchanged<P>(slots_[parity * static_cast<std::size_t>(n_)].bytes, sizeof(slot),
+                                static_cast<std::size_t>(n_));
+  }
+
+  void barrier(int self) { arrive(self); }
+
+  // ---- memory: host memory shared by every replica ----
+  template <class E>
+  E* attach(int, std::span<E> host) const noexcept {
+    return host.data();
+  }
+  template <class E>
+  void detach(int, E*, std::span<E>) const noexcept {}
+
+  template <class E>
+  E* scratch(int self, std::size_t n) {
+    per_replica& me = replica_[static_cast<std::size_t>(self)];
+    const std::size_t bytes = std::max<std::size_t>(n * sizeof(E), 64);
+    if (bytes > me.scratch_bytes) {
+      me.scratch.reset(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64})));
+      me.scratch_bytes = bytes;
+    }
+    return reinterpret_cast<E*>(me.scratch.get());
+  }
+
+  template <class E>
+  void copy(int, E* dst, const E* src, std::size_t n) const noexcept {
+    if (dst != src && n != 0) std::memcpy(dst, src, n * sizeof(E));
+  }
+  template <class E>
+  void combine(int, ReduceOp op, E* dst, const E* src, std::size_t n) const noexcept {
+    detail::combine_into(op, dst, src, n);
+  }
+  template <class E>
+  void divide(int, E* p, std::size_t n, std::size_t count) const noexcept {
+    detail::divide_all(p, n, count);
+  }
+
+ private:
+  struct aligned_delete {
+    void operator()(std::byte* p) const noexcept { ::operator delete(p, std::align_val_t{64}); }
+  };
+  struct alignas(64) per_replica {
+    std::size_t calls = 0;                           // exchanges + barriers in this parallel call
+    std::atomic<std::uint64_t> arrived_at{0};         // last barrier generation reached (+1)
+    std::atomic<bool> finished{false};                // f returned
+    std::unique_ptr<std::byte, aligned_delete> scratch;
+    std::size_t scratch_bytes = 0;
+  };
+  struct alignas(64) slot {
+    unsigned char bytes[max_exchange_bytes];
+  };
+
+  template <class F>
+  static void invoke(void* f, int r) noexcept {
+    (*static_cast<F*>(f))(r);
+  }
+
+  void run_one(int r) noexcept {
+    const runtime* outer = current;
+    current = this;
+    job_(job_arg_, r);
+    current = outer;
+    replica_[static_cast<std::size_t>(r)].finished.store(true, std::memory_order_release);
+    lot_.wake();  // a replica waiting in a barrier may now know r will never arrive
+  }
+
+  void work(int r) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      lot_.wait([&] { return job_seq_.load(std::memory_order_acquire) != seen; });
+      seen = job_seq_.load(std::memory_order_acquire);
+      if (stop_.load(std::memory_order_acquire)) return;
+      run_one(r);
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) lot_.wake();
+    }
+  }
+
+  // Only called while no replica runs, so plain stores suffice (job_seq_'s release publishes them).
+  void reset_collectives() noexcept {
+    cancelled_.store(false, std::memory_order_relaxed);
+    arrived_.store(0, std::memory_order_relaxed);
+    generation_.store(0, std::memory_order_relaxed);
+    for (int r = 0; r < n_; ++r) {
+      per_replica& p = replica_[static_cast<std::size_t>(r)];
+      p.calls = 0;
+      p.arrived_at.store(0, std::memory_order_relaxed);
+      p.finished.store(false, std::memory_order_relaxed);
+    }
+  }
+
+  void arrive(int self) {
+    per_replica& me = replica_[static_cast<std::size_t>(self)];
+    ++me.calls;
+    if (cancelled_.load(std::memory_order_acquire)) throw detail::collective_cancelled{};
+    const std::uint64_t g = generation_.load(std::memory_order_acquire);
+    me.arrived_at.store(g + 1, std::memory_order_relaxed);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.store(g + 1, std::memory_order_release);
+      lot_.wake();
+      return;
+    }
+    auto some_finished = [&] {
+      for (int r = 0; r < n_; ++r) {
+        if (replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_acquire)) return true;
+      }
+      return false;
+    };
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    const bool woke = lot_.wait(
+        [&] {
+          return generation_.load(std::memory_order_acquire) != g || cancelled_.load(std::memory_order_acquire) ||
+                 some_finished();
+        },
+        deadline);
+    // Generation first: a replica finishes only after every barrier it reached has opened.
+    if (generation_.load(std::memory_order_acquire) != g) return;
+    if (cancelled_.load(std::memory_order_acquire)) throw detail::collective_cancelled{};
+    std::vector<int> missing;
+    for (int r = 0; r < n_; ++r) {
+      const per_replica& p = replica_[static_cast<std::size_t>(r)];
+      if (p.arrived_at.load(std::memory_order_acquire) != g + 1 &&
+          (!woke || p.finished.load(std::memory_order_acquire))) {
+        missing.push_back(r);
+      }
+    }
+    std::string names;
+    for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+    throw timeout_error(
+        woke ? "mirror: replica " + std::to_string(self) + " waits in collective call " + std::to_string(me.calls) +
+                   " that replicas {" + names +
+                   "} returned from fn without reaching; every replica must make the same collective calls"
+             : "mirror: replica " + std::to_string(self) + " waited " + std::to_string(timeout_.count()) +
+                   " ms in a collective that replicas {" + names +
+                   "} did not reach; raise devices::Threads{.timeout} if they are just slow",
+        missing);
+  }
+
+  inline static thread_local const runtime* current = nullptr;
+
+  const int n_;
+  const std::chrono::milliseconds timeout_;
+  parking_lot lot_;
+  std::unique_ptr<per_replica[]> replica_;
+  std::unique_ptr<slot[]> slots_;
+  std::vector<std::thread> workers_;
+
+  void (*job_)(void*, int) noexcept = nullptr;
+  void* job_arg_ = nullptr;
+  alignas(64) std::atomic<std::uint64_t> job_seq_{0};
+  alignas(64) std::atomic<int> pending_{0};
+  alignas(64) std::atomic<int> arrived_{0};
+  alignas(64) std::atomic<std::uint64_t> generation_{0};
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace mirror::threads

@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The `mirror::cross_device_ops<Ops, Device>` concept: a cross-replica reduction algorithm.
+///
+/// **What it models.** A policy (a small aggregate, `operator==` defaulted) that all-reduces the
+/// leaves of one element type of a nest, called concurrently by every replica of a `run`.
+///
+/// **Minimal complete definition** (runtime type `Rt` of the device, element type `E`):
+/// - `void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const`:
+///   on return, every replica's leaves in `s` hold the reduction of all replicas' leaves. Its
+///   first synchronisation must be `c.exchange(...)` (which also checks that the replicas agree),
+///   and it must not return before other replicas are done with its buffers.
+/// - optionally `void validate(const Rt&) const`, called by `Strategy`'s constructor, throwing
+///   `std::invalid_argument` for a setting the device cannot honour.
+///
+/// **Laws.** The all-reduce of identical values v is v for min and max, N·v for sum (in exact
+/// arithmetic), v for mean; the result is the same on every replica, and the same bits on every
+/// run for the same inputs and replica count.
+///
+/// **Models.** `ops::ReductionToOneDevice` (`mirror/ops/reduction_to_one_device.hpp`) and
+/// `ops::HierarchicalCopy` (`mirror/ops/hierarchical_copy.hpp`) on every device;
+/// `ops::ChunkOwnerAllReduce` (`backends/threads/chunk_owner_all_reduce.hpp`) on host-addressable
+/// devices.
+
+#include <mirror/concepts/device.hpp>
+#include <mirror/detail/collective.hpp>
+#include <mirror/detail/segments.hpp>
+#include <mirror/reduce_op.hpp>
+
+namespace mirror {
+
+/// Satisfied when `Ops` can all-reduce on device policy `Device` (see the file comment).
+template <class Ops, class Device>
+concept cross_device_ops =
+    device<Device> && std::equality_comparable<Ops> &&
+    requires(const Ops& ops, detail::collective<runtime_t<Device>>& c,
+             const detail::segment_list<runtime_t<Device>, float>& s) {
+      ops.all_reduce(c, ReduceOp::sum, s);
+    };
+
+}  // namespace mirror

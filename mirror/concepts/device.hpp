@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The `mirror::device` concept: where replicas live and how their memory is reached.
+///
+/// **What it models.** A device *policy* is a small aggregate a user writes in one line
+/// (`devices::Threads{.replicas = 4}`). It names a *runtime* type, built once per `Strategy` from
+/// the policy, that owns the replicas' execution resources (threads, streams, communicators).
+/// Replicas need not share memory: generic cross-device ops reach other replicas' buffers only
+/// through the runtime's copy and combine primitives, so they run unchanged on GPUs or across
+/// processes.
+///
+/// **Minimal complete definition** (runtime `rt`, replica id `self` of the calling replica,
+/// element type `E`, `p`, `q` of type `rt_t::pointer<E>`):
+/// - `using runtime = ...;` in the policy; `runtime(const Policy&)` constructs it.
+/// - `rt.num_replicas()` → `int`.
+/// - Execution: `rt.parallel(f)` calls `f(int replica)` once per replica, concurrently, and returns
+///   when all have returned (`f` does not throw); `rt.cancel()` makes every pending and later
+///   `exchange`/`barrier` of this `parallel` call throw `mirror::detail::collective_cancelled`;
+///   `rt.in_parallel()` is true on a thread currently running an `f`.
+/// - Control plane (called by every replica in the same order): `rt.exchange(self, payload)` is an
+///   all-gather of a small trivially copyable value (at most `max_exchange_bytes`) and a barrier;
+///   it returns `detail::exchanged<P>`, every replica's payload in replica order, valid until
+///   `self`'s next exchange or barrier. `rt.barrier(self)`.
+/// - Memory plane: `pointer<E>` is a handle into one replica's memory supporting `p + n` (a raw
+///   `E*` on host devices, an opaque handle elsewhere). `rt.attach(self, std::span<E>)` makes a
+///   host leaf visible on `self` and `rt.detach(self, p, std::span<E>)` writes it back;
+///   `rt.scratch<E>(self, n)` is `self`'s scratch space, valid until `self`'s next `scratch`;
+///   `rt.copy(self, p, q, n)` copies `n` elements from `q` to `p`, `rt.combine(self, op, p, q, n)`
+///   sets `p[i] = p[i] op q[i]`, `rt.divide(self, p, n, count)` divides by `count` (for mean),
+///   whichever replicas `p` and `q` live on.
+/// - `static constexpr bool host_addressable`: true when `pointer<E>` is `E*` into memory every
+///   replica's thread can read and write (policies such as the CPU chunk-owner all-reduce need it).
+///
+/// **Laws.** `exchange` returns the same span contents on every replica; `copy` then `combine`
+/// are equivalent to the host loop `p[i] = p[i] op q[i]` in element order.
+///
+/// **Models.** `mirror::devices::Threads` (`backends/threads/threads_device.hpp`);
+/// `mirror::test::FakeDevice` (`tests/support/fake_device.hpp`, buffers reachable only by copy).
+
+#include <concepts>
+#include <cstddef>
+#include <mirror/detail/exchanged.hpp>
+#include <mirror/reduce_op.hpp>
+#include <span>
+
+namespace mirror {
+namespace detail {
+
+/// Thrown by `exchange`/`barrier` of a cancelled collective: another replica failed first.
+/// Never escapes `Strategy::run` (the first replica's own error is reported instead).
+struct collective_cancelled {};
+
+struct probe_payload {
+  int value;
+};
+
+}  // namespace detail
+
+/// Satisfied by the runtime type of a device policy (see the file comment).
+template <class Rt>
+concept device_runtime = requires(Rt& rt, int self, std::span<float> host,
+                                  typename Rt::template pointer<float> p, ReduceOp op) {
+  { rt.num_replicas() } -> std::convertible_to<int>;
+  rt.parallel([](int) noexcept {});
+  rt.cancel();
+  { rt.in_parallel() } -> std::convertible_to<bool>;
+  { rt.exchange(self, detail::probe_payload{0}) } -> std::same_as<detail::exchanged<detail::probe_payload>>;
+  rt.barrier(self);
+  { rt.attach(self, host) } -> std::same_as<typename Rt::template pointer<float>>;
+  rt.detach(self, p, host);
+  { rt.template scratch<float>(self, std::size_t{1}) } -> std::same_as<typename Rt::template pointer<float>>;
+  rt.copy(self, p, p, std::size_t{1});
+  rt.combine(self, op, p, p, std::size_t{1});
+  rt.divide(self, p, std::size_t{1}, std::size_t{1});
+  { p + std::size_t{1} } -> std::same_as<typename Rt::template pointer<float>>;
+  { Rt::host_addressable } -> std::convertible_to<bool>;
+};
+
+/// Satisfied by a device policy: an aggregate naming a runtime built from it.
+template <class D>
+concept device = requires { typename D::runtime; } &&
+                 std::constructible_from<typename D::runtime, const D&> &&
+                 device_runtime<typename D::runtime>;
+
+/// The runtime type of device policy D.
+template <class D>
+using runtime_t = typename D::runtime;
+
+}  // namespace mirror

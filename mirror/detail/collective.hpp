@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// One collective call as seen by a cross-device ops policy: the runtime, the calling replica,
+// and the agreement check (same collective, same nest, same shapes) that rides on the
+// collective's first exchange, so checking costs no extra synchronisation.
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <mirror/error.hpp>
+#include <mirror/reduce_op.hpp>
+#include <mirror/detail/exchanged.hpp>
+#include <mirror/detail/type_name.hpp>
+#include <span>
+#include <string>
+
+namespace mirror::detail {
+
+enum class collective_kind : std::uint32_t { all_reduce, broadcast, merge_call };
+
+inline std::string to_string(collective_kind k, int param) {
+  switch (k) {
+    case collective_kind::all_reduce:
+      return "all_reduce(" + std::string(mirror::to_string(static_cast<ReduceOp>(param))) + ")";
+    case collective_kind::broadcast: return "broadcast(from = " + std::to_string(param) + ")";
+    case collective_kind::merge_call: return "merge_call";
+  }
+  return "?";
+}
+
+/// A leaf size that any size matches (resizable leaves of a broadcast take the source's size).
+inline constexpr std::size_t any_size = std::numeric_limits<std::size_t>::max();
+
+/// What one replica says it is doing. Everything the agreement check compares is inline (the
+/// exchange copies it); `sizes` and `leaf_types` are only read to describe a mismatch, while
+/// every replica is held at a barrier.
+struct collective_header {
+  collective_kind kind;
+  int param;                      // ReduceOp for all_reduce, the root for broadcast
+  std::uint64_t sequence;         // collective number within this run
+  const std::type_info* nest;     // type of the nest (or of the merge function and arguments)
+  std::size_t num_leaves;
+  std::uint64_t shape_hash;       // of the sizes that must agree (any_size entries are skipped)
+  const std::size_t* sizes;       // element count per leaf, or any_size; the caller's frame
+  const char* const* leaf_types;  // mangled leaf type names (static storage)
+};
+
+/// A 64-bit mix of the checked sizes (splitmix64 steps): equal shapes give equal hashes.
+inline std::uint64_t shape_hash(const std::size_t* sizes, std::size_t n) noexcept {
+  std::uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+  for (std::size_t k = 0; k < n; ++k) {
+    if (sizes[k] == any_size) continue;
+    h += sizes[k] + 0x9e3779b97f4a7c15ull + (static_cast<std::uint64_t>(k) << 32);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+  }
+  return h;
+}
+
+inline bool same_call(const collective_header& a, const collective_header& b) noexcept {
+  return a.kind == b.kind && a.param == b.param && a.sequence == b.sequence;
+}
+
+/// Whether every replica's header agrees with replica 0's, reading only inline fields.
+template <class WithHeader>
+bool agree(const exchanged<WithHeader>& all) noexcept {
+  const auto hs = all.template member<collective_header>(0);
+  for (std::size_t r = 1; r < hs.size(); ++r) {
+    if (!same_call(hs[r], hs[0]) || *hs[r].nest != *hs[0].nest || hs[r].shape_hash != hs[0].shape_hash) return false;
+  }
+  return true;
+}
+
+/// The message for a disagreement. Reads other replicas' frames: call it only while they wait.
+template <class WithHeader>
+std::string describe_disagreement(const exchanged<WithHeader>& all) {
+  const auto hs = all.template member<collective_header>(0);
+  const collective_header& h0 = hs[0];
+  const std::string where = "mirror: collective #" + std::to_string(h0.sequence) + " (" +
+                            to_string(h0.kind, h0.param) + ")";
+  for (std::size_t r = 1; r < hs.size(); ++r) {
+    const collective_header& h = hs[r];
+    if (!same_call(h, h0)) {
+      return "mirror: replicas disagree on collective #" + std::to_string(h0.sequence) + ": replica 0 called " +
+             to_string(h0.kind, h0.param) + " but replica " + std::to_string(r) + " called " +
+             to_string(h.kind, h.param) + " (its collective #" + std::to_string(h.sequence) +
+             "); every replica must make the same collective calls in the same order";
+    }
+    if (*h.nest != *h0.nest) {
+      return where + ": mismatched nests: replica " + std::to_string(r) + " passed " + demangle(h.nest->name()) +
+             " but replica 0 passed " + demangle(h0.nest->name()) + "; every replica must pass the same nest type";
+    }
+    for (std::size_t k = 0; k < h0.num_leaves; ++k) {
+      const std::size_t a = h0.sizes[k], b = h.sizes[k];
+      if (a != b && a != any_size && b != any_size) {
+        return where + ": shape mismatch at leaf " + std::to_string(k) + " (" + demangle(h0.leaf_types[k]) +
+               "): " + std::to_string(b) + " elements on replica " + std::to_string(r) + " but " +
+               std::to_string(a) + " on replica 0; every replica must pass leaves of the same size";
+      }
+    }
+  }
+  return where + ": replicas disagree on the shapes of the leaves";
+}
+
+/// The handle a cross-device ops policy receives for one collective call.
+template <class Rt>
+class collective {
+ public:
+  collective(Rt& rt, int self, const collective_header* header) noexcept
+      : rt_(&rt), self_(self), header_(header) {}
+
+  Rt& runtime() const noexcept { return *rt_; }
+  int self() const noexcept { return self_; }
+  int num_replicas() const noexcept { return rt_->num_replicas(); }
+
+  /// All-gather of a small trivially copyable payload, and a barrier. The first exchange of a
+  /// collective also checks that the replicas agree (mirror::shape_error otherwise, on all).
+  template <class P>
+  exchanged<P> exchange(const P& payload) {
+    if (header_ == nullptr) return rt_->exchange(self_, payload);
+    struct with_header {
+      collective_header h;
+      P p;
+    };
+    const auto all = rt_->exchange(self_, with_header{*header_, payload});
+    header_ = nullptr;
+    if (!agree(all)) {
+      // Every replica sees the same headers, so all of them are here; none may unwind (and free
+      // the sizes the others read) before all have built the message.
+      std::string message = describe_disagreement(all);
+      rt_->barrier(self_);
+      throw shape_error(std::move(message));
+    }
+    return all.template member<P>(offsetof(with_header, p));
+  }
+
+  /// A barrier (an exchange of nothing).
+  void barrier() {
+    if (header_ != nullptr) {
+      exchange(char{0});
+    } else {
+      rt_->barrier(self_);
+    }
+  }
+
+ private:
+  Rt* rt_;
+  int self_;
+  const collective_header* header_;
+};
+
+}  // namespace mirror::detail

@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Element-wise reduction arithmetic on host memory, shared by every CPU code path so that all
+// of them combine values with exactly the same operations (bitwise-identical results).
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <mirror/reduce_op.hpp>
+#include <type_traits>
+
+namespace mirror::detail {
+
+/// The element types host collectives accept: every arithmetic type except bool and the
+/// character types. (bool has no sum; chars are text, not numbers.)
+template <class E>
+inline constexpr bool is_host_element =
+    std::is_arithmetic_v<E> && !std::is_same_v<E, bool> && !std::is_same_v<E, char> &&
+    !std::is_same_v<E, wchar_t> && !std::is_same_v<E, char8_t> && !std::is_same_v<E, char16_t> &&
+    !std::is_same_v<E, char32_t>;
+
+template <class E>
+constexpr void require_host_element() {
+  static_assert(is_host_element<E>,
+                "mirror: this element type cannot be reduced; supported element types are float, "
+                "double, long double, signed char, unsigned char, short, unsigned short, int, "
+                "unsigned, long, unsigned long, long long, unsigned long long (std::int8_t ... "
+                "std::uint64_t) — convert bool or char leaves to one of them");
+}
+
+/// a `op` b, for op in {sum, mean (summed here, divided later), min, max, prod}.
+template <class E>
+constexpr E combine(ReduceOp op, E a, E b) noexcept {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::mean: return static_cast<E>(a + b);
+    case ReduceOp::prod: return static_cast<E>(a * b);
+    case ReduceOp::min: return b < a ? b : a;
+    case ReduceOp::max: return a < b ? b : a;
+  }
+  return a;
+}
+
+/// dst[i] = dst[i] op src[i] for i < n. The switch is hoisted so each loop vectorises.
+template <class E>
+void combine_into(ReduceOp op, E* __restrict dst, const E* __restrict src, std::size_t n) noexcept {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::mean:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] + src[i]);
+      return;
+    case ReduceOp::prod:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] * src[i]);
+      return;
+    case ReduceOp::min:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = src[i] < dst[i] ? src[i] : dst[i];
+      return;
+    case ReduceOp::max:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = dst[i] < src[i] ? src[i] : dst[i];
+      return;
+  }
+}
+
+/// The value x with x op v == v for every v: the result of reducing nothing.
+template <class E>
+constexpr E identity(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::mean: return E(0);
+    case ReduceOp::prod: return E(1);
+    case ReduceOp::min:
+      return std::numeric_limits<E>::has_infinity ? std::numeric_limits<E>::infinity()
+                                                  : std::numeric_limits<E>::max();
+    case ReduceOp::max:
+      return std::numeric_limits<E>::has_infinity ? -std::numeric_limits<E>::infinity()
+                                                  : std::numeric_limits<E>::lowest();
+  }
+  return E(0);
+}
+
+/// Divides by a count for `mean`, in the element type: integers truncate like C++ `/`.
+/// (Integers divide in the widest type of their signedness, so a count above the element type's
+/// range is still right: int8 -100 over 200 replicas is 0, not garbage.)
+template <class E>
+constexpr E divide(E x, std::size_t count) noexcept {
+  if constexpr (std::is_floating_point_v<E>) {
+    return x / static_cast<E>(count);
+  } else if constexpr (std::is_signed_v<E>) {
+    return static_cast<E>(static_cast<long long>(x) / static_cast<long long>(count));
+  } else {
+    return static_cast<E>(static_cast<unsigned long long>(x) / count);
+  }
+}
+
+template <class E>
+void divide_all(E* p, std::size_t n, std::size_t count) noexcept {
+  for (std::size_t i = 0; i < n; ++i) p[i] = divide(p[i], count);
+}
+
+}  // namespace mirror::detail

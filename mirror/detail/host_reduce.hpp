@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Cross-replica reduction of host values (Strategy::reduce): PerReplica<T> components → T.
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+#include <mirror/axis.hpp>
+#include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/type_name.hpp>
+#include <mirror/error.hpp>
+
+namespace mirror::detail {
+
+/// Throws shape_error unless every component's leaf k has component 0's size.
+template <class T>
+void check_component_shapes(std::span<const T> components, const char* api) {
+  for (std::size_t r = 1; r < components.size(); ++r) {
+    std::size_t k = 0;
+    for_each_leaf(
+        [&](const auto& a, const auto& b) {
+          using L = std::remove_cvref_t<decltype(a)>;
+          const std::size_t na = leaf_traits<L>::elements(a).size(), nb = leaf_traits<L>::elements(b).size();
+          if (na != nb) {
+            throw shape_error(std::string("mirror::Strategy::") + api + ": shape mismatch at leaf " +
+                              std::to_string(k) + " (" + type_name<L>() + "): " + std::to_string(nb) +
+                              " elements on replica " + std::to_string(r) + " but " + std::to_string(na) +
+                              " on replica 0; every replica's value must have the same shape");
+          }
+          ++k;
+        },
+        components[0], components[r]);
+  }
+}
+
+/// out[i] = c_0[i] op c_1[i] op ... op c_{R-1}[i] (then / R for mean), for i in [begin, end).
+template <class E>
+void reduce_range(ReduceOp op, E* out, const std::vector<const E*>& in, std::size_t begin, std::size_t end) {
+  std::copy(in[0] + begin, in[0] + end, out + begin);
+  for (std::size_t r = 1; r < in.size(); ++r) combine_into(op, out + begin, in[r] + begin, end - begin);
+  if (op == ReduceOp::mean) divide_all(out + begin, end - begin, in.size());
+}
+
+/// The axis0 result type: each leaf of rank >= 1 becomes its element type.
+template <class T>
+struct axis0_result {
+  static auto pick() {
+    if constexpr (leaf<T>) {
+      static_assert(leaf_traits<T>::rank >= 1,
+                    "mirror::Strategy::reduce(op, value, axis0): a scalar leaf has no axis 0; "
+                    "reduce it without the axis argument");
+      return std::type_identity<leaf_element_t<T>>{};
+    } else if constexpr (is_std_tuple_like<T>::value && !is_hana_struct<T>) {
+      return []<template <class...> class Tpl, class... Ts>(std::type_identity<Tpl<Ts...>>) {
+        return std::type_identity<Tpl<typename axis0_result<Ts>::type...>>{};
+      }(std::type_identity<T>{});
+    } else {
+      static_assert(sizeof(T) == 0,
+                    "mirror::Strategy::reduce(op, value, axis0): axis0 is defined for leaves and for "
+                    "std::tuple, std::pair and std::array nests of them; reduce the members of a Hana "
+                    "struct or hana::tuple one by one");
+      return std::type_identity<T>{};
+    }
+  }
+  using type = typename decltype(pick())::type;
+};
+template <class E, std::size_t N>
+struct axis0_result<std::array<E, N>> {
+  static auto pick() {
+    if constexpr (leaf<std::array<E, N>>) {
+      return std::type_identity<E>{};
+    } else {
+      return std::type_identity<std::array<typename axis0_result<E>::type, N>>{};
+    }
+  }
+  using type = typename decltype(pick())::type;
+};
+template <class T>
+using axis0_result_t = typename axis0_result<T>::type;
+
+/// Reduces every element of every component of one leaf position to one scalar, in replica
+/// order then element order.
+template <class E, class L>
+E reduce_leaf_axis0(ReduceOp op, const std::vector<const L*>& leaves) {
+  E acc = identity<E>(op);
+  std::size_t count = 0;
+  for (const L* l : leaves) {
+    const auto xs = leaf_traits<L>::elements(*l);
+    for (const E& x : xs) acc = combine(op, acc, x);
+    count += xs.size();
+  }
+  if (op == ReduceOp::mean) {
+    if (count == 0) {
+      if constexpr (std::is_integral_v<E>) {
+        throw shape_error("mirror::Strategy::reduce(mean, value, axis0): no elements on any replica; the mean "
+                          "of zero " + type_name<E>() + " elements is undefined (use sum, or a floating-point leaf, which gives NaN)");
+      } else {
+        return acc / E(0);
+      }
+    }
+    acc = divide(acc, count);
+  }
+  return acc;
+}
+
+/// Builds the axis0 result of nest T from the components, walking the result and components in
+/// lockstep (the result's structure is T's with leaves replaced by scalars).
+template <class T, class R>
+void reduce_axis0_into(ReduceOp op, R& out, std::vector<const T*> components) {
+  if constexpr (leaf<T>) {
+    out = reduce_leaf_axis0<R>(op, components);
+  } else if constexpr (is_std_tuple_like<T>::value) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            using Ti = std::remove_cvref_t<std::tuple_element_t<I, T>>;
+            std::vector<const Ti*> sub;
+            sub.reserve(components.size());
+            for (const T* c : components) sub.push_back(&std::get<I>(*c));
+            reduce_axis0_into<Ti>(op, std::get<I>(out), std::move(sub));
+          }(),
+          ...);
+    }(std::make_index_sequence<std::tuple_size_v<T>>{});
+  }
+}
+
+}  // namespace mirror::detail

@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The error hierarchy. Every error mirror raises derives from `mirror::error`, so one `catch`
+/// handles them all; each message names the replica, the argument and the fix.
+
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mirror {
+
+/// Base of every mirror error.
+class error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Replicas disagree on what they reduce: different leaf sizes, different nests, or different
+/// collectives called in the same position. Raised on every replica before any value changes.
+class shape_error : public error {
+ public:
+  using error::error;
+};
+
+/// A variable update that its aggregation does not allow (for example an update in replica
+/// context of a `MirroredVariable` with `VariableAggregation::none`).
+class aggregation_error : public error {
+ public:
+  using error::error;
+};
+
+/// An exception other than a `mirror::error` escaped `fn` on one replica. The original is kept as
+/// the nested exception (`std::rethrow_if_nested(e)`); `replica()` says where it was thrown.
+class replica_error : public error, public std::nested_exception {
+ public:
+  replica_error(int replica, const std::string& what)
+      : error("mirror: replica " + std::to_string(replica) + " threw: " + what), replica_(replica) {}
+  /// The replica id (`replica_id_in_sync_group`) whose `fn` threw.
+  int replica() const noexcept { return replica_; }
+
+ private:
+  int replica_;
+};
+
+/// A collective that not every replica reached: some replicas returned from `fn` without calling
+/// it, or did not arrive within the device's timeout. `missing()` lists them.
+class timeout_error : public error {
+ public:
+  timeout_error(std::string what, std::vector<int> missing)
+      : error(std::move(what)), missing_(std::move(missing)) {}
+  /// Replica ids that never arrived, in increasing order.
+  const std::vector<int>& missing() const noexcept { return missing_; }
+
+ private:
+  std::vector<int> missing_;
+};
+
+/// A failure reported by a vendor API (CUDA, NCCL, MPI), with its numeric code and text.
+class backend_error : public error {
+ public:
+  backend_error(std::string what, long code) : error(std::move(what)), code_(code) {}
+  /// The vendor's error code (`cudaError_t`, `ncclResult_t`, MPI error class).
+  long code() const noexcept { return code_; }
+
+ private:
+  long code_;
+};
+
+}  // namespace mirror

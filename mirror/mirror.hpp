@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Everything: the core and every backend enabled in this build. Includes only.
+
+#include <mirror/axis.hpp>
+#include <mirror/concepts/cross_device_ops.hpp>
+#include <mirror/concepts/device.hpp>
+#include <mirror/concepts/nest.hpp>
+#include <mirror/config.hpp>
+#include <mirror/default_device.hpp>
+#include <mirror/default_ops.hpp>
+#include <mirror/error.hpp>
+#include <mirror/leaf_traits.hpp>
+#include <mirror/mirrored.hpp>
+#include <mirror/ops/hierarchical_copy.hpp>
+#include <mirror/ops/reduction_to_one_device.hpp>
+#include <mirror/per_replica.hpp>
+#include <mirror/reduce_op.hpp>
+#include <mirror/replica_context.hpp>
+#include <mirror/strategy.hpp>
+#include <mirror/synced.hpp>
+
+#include <backends/threads/threads.hpp>

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::ops::HierarchicalCopy`: TF's two-group tree all-reduce, with odd counts handled.
+
+#include <cstddef>
+#include <mirror/detail/collective.hpp>
+#include <mirror/detail/segments.hpp>
+#include <mirror/reduce_op.hpp>
+#include <stdexcept>
+#include <string>
+
+namespace mirror::ops {
+
+/// TF's `HierarchicalCopyAllReduce` (`aggregate_gradients_using_hierarchical_copy`, built for
+/// DGX-1's two groups of four GPUs). Leaves of one element type are concatenated and split into
+/// `num_packs` packs (each `total / num_packs` elements, the last takes the rest; `0` = one pack
+/// per leaf). With n replicas and g = n / 2, pack i has main devices `m0 = i % n` and m1 in the
+/// other group; each group is reduced on its main device, the two partial results are combined
+/// on m0, copied to m1, and each group receives the result from its own main device.
+///
+/// TF's groups `[0, g)` and `[g, 2g)` leave the last device out when n is odd (its value is
+/// never added, yet it receives the result). mirror's groups are `[0, g)` and `[g, n)`, and m1 is
+/// the member of the other group at m0's position (modulo its size), which equals TF's
+/// `(m0 + g) % n` whenever n is even.
+///
+/// All replicas work in parallel: replica r handles the r-th slice of every pack. Results are
+/// bitwise reproducible (fixed order within each group, then group 0 op group 1).
+///
+/// **Requires**: `num_packs >= 0`, else `Strategy`'s constructor throws `std::invalid_argument`.
+struct HierarchicalCopy {
+  int num_packs = 1;  ///< packs the concatenated leaves are split into; 0 = one pack per leaf
+
+  friend bool operator==(const HierarchicalCopy&, const HierarchicalCopy&) = default;
+
+  template <class Rt>
+  void validate(const Rt&) const {
+    if (num_packs < 0) {
+      throw std::invalid_argument("mirror::ops::HierarchicalCopy{.num_packs = " + std::to_string(num_packs) +
+                                  "}: num_packs must be >= 0 (0 = one pack per leaf)");
+    }
+  }
+
+  /// The two groups and main devices of pack `i` among `n` replicas.
+  struct plan {
+    int group0_begin, group0_end, group1_begin, group1_end, main0, main1;
+  };
+  static constexpr plan plan_for(std::size_t i, int n) noexcept {
+    const int g = n / 2;
+    const int m0 = static_cast<int>(i % static_cast<std::size_t>(n));
+    plan p{};
+    if (m0 < g) {
+      p = {0, g, g, n, m0, 0};
+    } else {
+      p = {g, n, 0, g, m0, 0};
+    }
+    p.main1 = p.group1_begin + (m0 - p.group0_begin) % (p.group1_end - p.group1_begin);
+    return p;
+  }
+
+  template <class Rt, class E>
+  void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
+    using pointer = typename Rt::template pointer<E>;
+    Rt& rt = c.runtime();
+    const int self = c.self(), n = c.num_replicas();
+    struct post {
+      const pointer* leaves;
+      pointer accumulator;
+    };
+    const pointer mine = n > 1 ? rt.template scratch<E>(self, s.total) : pointer{};
+    const auto all = c.exchange(post{s.leaves.data(), mine});
+    if (n == 1) return;
+    auto leaf = [&](int r, std::size_t k, std::size_t off) {
+      return all[static_cast<std::size_t>(r)].leaves[k] + off;
+    };
+    auto reduce_pack = [&](std::size_t index, std::size_t begin, std::size_t end) {
+      const plan p = plan_for(index, n);
+      const auto [a, b] = detail::chunk_of<E>(begin, end, self, n);
+      detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t v) {
+        const pointer acc0 = all[static_cast<std::size_t>(p.main0)].accumulator + v;
+        const pointer acc1 = all[static_cast<std::size_t>(p.main1)].accumulator + v;
+        rt.copy(self, acc0, leaf(p.group0_begin, k, off), len);
+        for (int r = p.group0_begin + 1; r < p.group0_end; ++r) rt.combine(self, op, acc0, leaf(r, k, off), len);
+        rt.copy(self, acc1, leaf(p.group1_begin, k, off), len);
+        for (int r = p.group1_begin + 1; r < p.group1_end; ++r) rt.combine(self, op, acc1, leaf(r, k, off), len);
+        rt.combine(self, op, acc0, acc1, len);
+        if (op == ReduceOp::mean) rt.divide(self, acc0, len, static_cast<std::size_t>(n));
+        rt.copy(self, acc1, acc0, len);
+        for (int j = 0; j < n; ++j) {
+          const bool with_main0 = j >= p.group0_begin && j < p.group0_end;
+          rt.copy(self, leaf(j, k, off), with_main0 ? acc0 : acc1, len);
+        }
+      });
+    };
+    if (num_packs == 0) {
+      std::size_t start = 0;
+      for (std::size_t k = 0; k < s.sizes.size(); ++k) {
+        reduce_pack(k, start, start + s.sizes[k]);
+        start += s.sizes[k];
+      }
+    } else {
+      const std::size_t packs = static_cast<std::size_t>(num_packs);
+      const std::size_t per = s.total / packs;
+      for (std::size_t i = 0; i < packs; ++i) {
+        const std::size_t begin = i * per, end = i + 1 == packs ? s.total : begin + per;
+        if (begin < end) reduce_pack(i, begin, end);
+      }
+    }
+    c.barrier();
+  }
+};
+
+}  // namespace mirror::ops

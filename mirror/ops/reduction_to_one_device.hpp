@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::ops::ReductionToOneDevice`: reduce on one replica's device, copy the result back.
+
+#include <mirror/detail/collective.hpp>
+#include <mirror/detail/segments.hpp>
+#include <mirror/reduce_op.hpp>
+#include <stdexcept>
+#include <string>
+
+namespace mirror::ops {
+
+/// TF's `ReductionToOneDevice`: every replica's leaf is reduced onto the device of replica
+/// `reduce_to` (an accumulator there), divided for `mean`, and copied back to every replica.
+///
+/// Works on every device: it uses only the device's copy and combine primitives. All replicas
+/// work in parallel: replica r handles the r-th slice of the (packed) range, still reducing on
+/// `reduce_to`'s memory. Replicas are combined in the fixed order 0, 1, ..., N-1, so results are
+/// bitwise reproducible and equal to a serial loop's.
+///
+/// **Requires**: `0 <= reduce_to < num_replicas_in_sync()`, else `Strategy`'s constructor throws
+/// `std::invalid_argument`.
+/// **Communication** (S bytes per replica, N replicas): each element crosses to `reduce_to` once
+/// from every replica and back once to every replica: 2·(N-1)·S bytes over the device links.
+struct ReductionToOneDevice {
+  int reduce_to = 0;  ///< replica whose device holds the accumulator
+
+  friend bool operator==(const ReductionToOneDevice&, const ReductionToOneDevice&) = default;
+
+  template <class Rt>
+  void validate(const Rt& rt) const {
+    if (reduce_to < 0 || reduce_to >= rt.num_replicas()) {
+      throw std::invalid_argument(
+          "mirror::ops::ReductionToOneDevice{.reduce_to = " + std::to_string(reduce_to) +
+          "}: the strategy has " + std::to_string(rt.num_replicas()) + " replicas; reduce_to must be in 0.." +
+          std::to_string(rt.num_replicas() - 1));
+    }
+  }
+
+  template <class Rt, class E>
+  void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
+    using pointer = typename Rt::template pointer<E>;
+    Rt& rt = c.runtime();
+    const int self = c.self(), n = c.num_replicas();
+    struct post {
+      const pointer* leaves;
+      pointer accumulator;
+    };
+    pointer mine{};
+    if (self == reduce_to) mine = rt.template scratch<E>(self, s.total);
+    const auto all = c.exchange(post{s.leaves.data(), mine});
+    if (n == 1) return;
+    const pointer acc = all[static_cast<std::size_t>(reduce_to)].accumulator;
+    const auto [a, b] = detail::chunk_of<E>(0, s.total, self, n);
+    detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t v) {
+      const pointer dst = acc + v;
+      rt.copy(self, dst, all[0].leaves[k] + off, len);
+      for (int r = 1; r < n; ++r) rt.combine(self, op, dst, all[static_cast<std::size_t>(r)].leaves[k] + off, len);
+      if (op == ReduceOp::mean) rt.divide(self, dst, len, static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) rt.copy(self, all[static_cast<std::size_t>(r)].leaves[k] + off, dst, len);
+    });
+    c.barrier();  // nobody returns (and reuses its buffer) before every slice is written back
+  }
+};
+
+}  // namespace mirror::ops

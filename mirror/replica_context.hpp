@@ -1,0 +1,218 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::ReplicaContext<Strategy>`: what `fn` sees of its replica inside `Strategy::run`.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+#include <mirror/concepts/nest.hpp>
+#include <mirror/detail/access.hpp>
+#include <mirror/detail/collective.hpp>
+#include <mirror/detail/nest_walk.hpp>
+#include <mirror/per_replica.hpp>
+#include <mirror/reduce_op.hpp>
+#include <mirror/synced.hpp>
+
+namespace mirror {
+
+/// The replica context passed to `fn` by `Strategy::run` when `fn` takes it first. Its type
+/// depends on the strategy, so user code spells it `auto&`. Valid only during that call, and only
+/// on that replica's thread.
+///
+/// Collectives (`all_reduce`, `broadcast`, `merge_call`) must be called by every replica, in the
+/// same order, with the same nest types and leaf sizes. A disagreement is a `mirror::shape_error`
+/// on every replica, raised before any value changes; a replica that returns from `fn` without
+/// reaching a collective the others wait in makes them throw `mirror::timeout_error` naming it.
+template <class Strategy>
+class ReplicaContext {
+ public:
+  /// This replica's id, 0 .. num_replicas_in_sync() - 1.
+  int replica_id_in_sync_group() const noexcept { return self_; }
+  /// The number of replicas running `fn` together.
+  int num_replicas_in_sync() const noexcept { return strategy_->num_replicas_in_sync(); }
+
+  /// Reduces `value` across replicas with `op`, leaf by leaf; every replica gets the result.
+  ///
+  /// **Requires**: every replica passes a nest of the same type with leaves of the same sizes.
+  /// **Effects**: owning leaves (`std::vector`, `std::array`, scalars) are reduced in a copy that
+  /// is returned; view leaves (`std::span<E>`) are reduced in place, in every replica's own buffer,
+  /// and allocate nothing. All leaves of one element type go through the strategy's ops policy
+  /// as one fused collective.
+  /// **Errors**: `mirror::shape_error` (on every replica) when replicas disagree.
+  /// **Communication**: the ops policy's; see its header.
+  /// **Example**: `auto total = ctx.all_reduce(mirror::ReduceOp::sum, std::span<float>(grads));`
+  template <nest T>
+  Synced<std::remove_cvref_t<T>> all_reduce(ReduceOp op, T&& value) {
+    using N = std::remove_cvref_t<T>;
+    N result(std::forward<T>(value));
+    constexpr std::size_t K = detail::leaf_count<N>();
+    std::array<std::size_t, K> sizes{};
+    std::size_t k = 0;
+    detail::for_each_leaf([&](auto& l) { sizes[k++] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size(); },
+                          result);
+    const detail::collective_header header = make_header<N>(detail::collective_kind::all_reduce,
+                                                            static_cast<int>(op), sizes);
+    const detail::collective_header* pending = &header;
+    detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
+      constexpr std::size_t KE = detail::leaf_count<N, E>();
+      std::array<std::span<E>, KE> leaves{};
+      std::size_t i = 0;
+      detail::for_each_leaf(
+          [&](auto& l) {
+            using L = std::remove_cvref_t<decltype(l)>;
+            if constexpr (std::is_same_v<leaf_element_t<L>, E>) leaves[i++] = leaf_traits<L>::elements(l);
+          },
+          result);
+      strategy_->template all_reduce_leaves<E>(self_, op, leaves, pending);
+      pending = nullptr;
+    });
+    return detail::access::synced(std::move(result));
+  }
+
+  /// Every replica gets replica `from`'s `value`.
+  ///
+  /// **Requires**: `0 <= from < num_replicas_in_sync()` (else `std::invalid_argument`); the same
+  /// nest type on every replica. Resizable leaves (`std::vector`) take `from`'s size; other
+  /// leaves must already have it (`mirror::shape_error` otherwise).
+  /// **Effects**: returns a copy of replica `from`'s value; view leaves receive it in place.
+  /// **Communication**: one copy of every leaf from `from` to each other replica.
+  template <nest T>
+  Synced<std::remove_cvref_t<T>> broadcast(T&& value, int from = 0) {
+    using N = std::remove_cvref_t<T>;
+    if (from < 0 || from >= num_replicas_in_sync()) {
+      throw std::invalid_argument("mirror::ReplicaContext::broadcast(value, from = " + std::to_string(from) +
+                                  ") on replica " + std::to_string(self_) + ": from must be a replica id in 0.." +
+                                  std::to_string(num_replicas_in_sync() - 1));
+    }
+    N result(std::forward<T>(value));
+    constexpr std::size_t K = detail::leaf_count<N>();
+    std::array<std::size_t, K> sizes{}, shape{};  // shape: what must agree (resizable leaves need not)
+    std::size_t k = 0;
+    detail::for_each_leaf(
+        [&](auto& l) {
+          using L = std::remove_cvref_t<decltype(l)>;
+          sizes[k] = leaf_traits<L>::elements(l).size();
+          shape[k] = leaf_traits<L>::resizable ? detail::any_size : sizes[k];
+          ++k;
+        },
+        result);
+    const detail::collective_header header = make_header<N>(detail::collective_kind::broadcast, from, shape);
+    // The source's sizes are read from its frame; it waits in the copy exchange below meanwhile.
+    const std::size_t* root_sizes = strategy_->exchange_sizes(self_, header, sizes.data());
+    if (self_ != from) {
+      k = 0;
+      detail::for_each_leaf(
+          [&](auto& l) {
+            using L = std::remove_cvref_t<decltype(l)>;
+            if constexpr (leaf_traits<L>::resizable) leaf_traits<L>::resize(l, root_sizes[k]);
+            ++k;
+          },
+          result);
+    }
+    detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
+      constexpr std::size_t KE = detail::leaf_count<N, E>();
+      std::array<std::span<E>, KE> leaves{};
+      std::size_t i = 0;
+      detail::for_each_leaf(
+          [&](auto& l) {
+            using L = std::remove_cvref_t<decltype(l)>;
+            if constexpr (std::is_same_v<leaf_element_t<L>, E>) leaves[i++] = leaf_traits<L>::elements(l);
+          },
+          result);
+      strategy_->template broadcast_leaves<E>(self_, from, leaves);
+    });
+    return detail::access::synced(std::move(result));
+  }
+
+  /// Runs `fn(strategy, PerReplica<Args>...)` once, in cross-replica context, with every
+  /// replica's arguments gathered; every replica gets its result as `Synced` (or nothing when
+  /// `fn` returns void). Inside `fn`, `strategy.reduce(...)` and `strategy.broadcast(...)` work.
+  ///
+  /// **Requires**: every replica calls it at the same point with the same argument types.
+  /// **Effects**: the arguments are copied once into the `PerReplica` values; `fn` runs on
+  /// replica 0's thread while the others wait.
+  /// **Errors**: an exception from `fn` propagates out of `run` (as `replica_error` on replica 0
+  /// unless it is a `mirror::error`).
+  template <class F, class... Args>
+  auto merge_call(F&& fn, Args&&... args) {
+    using Result = std::invoke_result_t<F&, Strategy&, PerReplica<std::decay_t<Args>>...>;
+    static_assert(!detail::is_synced<Result>::value,
+                  "mirror::ReplicaContext::merge_call(fn, args...): fn runs in cross-replica context "
+                  "and must return a plain value (merge_call wraps it in Synced)");
+    const auto mine = std::forward_as_tuple(std::as_const(args)...);
+    using Args_tuple = decltype(mine);
+    const std::array<std::size_t, 0> no_sizes{};
+    const detail::collective_header header = make_header<std::tuple<F, std::decay_t<Args>...>>(
+        detail::collective_kind::merge_call, 0, no_sizes);
+    struct outcome {
+      const void* value;                 // Result*, on replica 0's frame
+      const std::exception_ptr* failed;  // non-null when fn threw
+    };
+    auto gather = [&](std::span<const void* const> all) {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::tuple<PerReplica<std::decay_t<Args>>...>(
+            PerReplica<std::decay_t<Args>>(collect<I, Args_tuple>(all))...);
+      }(std::index_sequence_for<Args...>{});
+    };
+    if constexpr (std::is_void_v<Result>) {
+      strategy_->merge(self_, header, static_cast<const void*>(&mine), [&](std::span<const void* const> all) {
+        std::apply([&](auto&&... pr) { fn(*strategy_, std::move(pr)...); }, gather(all));
+        return outcome{nullptr, nullptr};
+      });
+    } else {
+      std::optional<Result> result;
+      const void* produced = strategy_->merge(
+          self_, header, static_cast<const void*>(&mine), [&](std::span<const void* const> all) {
+            result.emplace(std::apply([&](auto&&... pr) { return fn(*strategy_, std::move(pr)...); }, gather(all)));
+            return outcome{&*result, nullptr};
+          });
+      Synced<Result> out = detail::access::synced(Result(*static_cast<const Result*>(produced)));
+      strategy_->end_merge(self_);
+      return out;
+    }
+  }
+
+ private:
+  ReplicaContext(Strategy& s, int self) noexcept : strategy_(&s), self_(self) {}
+  friend Strategy;
+
+  template <std::size_t I, class Tuple>
+  static std::vector<std::decay_t<std::tuple_element_t<I, Tuple>>> collect(std::span<const void* const> all) {
+    std::vector<std::decay_t<std::tuple_element_t<I, Tuple>>> v;
+    v.reserve(all.size());
+    for (const void* p : all) v.push_back(std::get<I>(*static_cast<const Tuple*>(p)));
+    return v;
+  }
+
+  template <class N, std::size_t K>
+  detail::collective_header make_header(detail::collective_kind kind, int param,
+                                        const std::array<std::size_t, K>& sizes) {
+    static const auto names = [] {
+      std::array<const char*, K> out{};
+      if constexpr (K > 0) {
+        std::size_t i = 0;
+        [&]<class... Ls>(detail::type_list<Ls...>) { ((out[i++] = typeid(Ls).name()), ...); }(
+            detail::leaf_types_t<N>{});
+      }
+      return out;
+    }();
+    return {kind, param, ++sequence_, &typeid(N), K, detail::shape_hash(sizes.data(), K), sizes.data(), names.data()};
+  }
+
+  Strategy* strategy_;
+  int self_;
+  std::uint64_t sequence_ = 0;
+};
+
+}  // namespace mirror

@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::Strategy<Device, Ops>`: synchronous data parallelism over the replicas of a device.
+
+#include <array>
+#include <cstddef>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#include <mirror/axis.hpp>
+#include <mirror/concepts/cross_device_ops.hpp>
+#include <mirror/concepts/device.hpp>
+#include <mirror/concepts/nest.hpp>
+#include <mirror/default_device.hpp>
+#include <mirror/default_ops.hpp>
+#include <mirror/detail/access.hpp>
+#include <mirror/detail/collective.hpp>
+#include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/host_reduce.hpp>
+#include <mirror/detail/run_result.hpp>
+#include <mirror/error.hpp>
+#include <mirror/mirrored.hpp>
+#include <mirror/per_replica.hpp>
+#include <mirror/reduce_op.hpp>
+#include <mirror/replica_context.hpp>
+#include <mirror/synced.hpp>
+
+namespace mirror {
+namespace detail {
+
+/// What replica r receives for one argument of run (architecture.md 2.1).
+template <class A>
+decltype(auto) select_replica(A&& a, int r) {
+  using D = std::remove_cvref_t<A>;
+  if constexpr (is_per_replica<D>::value) {
+    if constexpr (std::is_lvalue_reference_v<A> && !std::is_const_v<std::remove_reference_t<A>>) {
+      return a[static_cast<std::size_t>(r)];  // T&
+    } else {
+      return std::as_const(a)[static_cast<std::size_t>(r)];  // const T&
+    }
+  } else if constexpr (is_mirrored<D>::value) {
+    return std::as_const(a)[static_cast<std::size_t>(r)];
+  } else {
+    return std::as_const(a);
+  }
+}
+
+template <class A>
+using selected_t = decltype(select_replica(std::declval<A>(), 0));
+
+}  // namespace detail
+
+/// Synchronous data parallelism: `run(fn, args...)` calls `fn` once on every replica of
+/// `Device`, concurrently, and cross-replica reductions go through `Ops`.
+///
+/// **Template parameters.** `Device` models `mirror::device` (`devices::Threads`, `devices::Cuda`);
+/// `Ops` models `mirror::cross_device_ops<Device>` (`ops::ReductionToOneDevice`,
+/// `ops::HierarchicalCopy`, `ops::NcclAllReduce`, or `default_ops_t<Device>`, the fastest
+/// correct choice). Swapping either is a one-word change of the `using` line.
+///
+/// **Example** (`examples/overview.cpp`):
+/// \code
+/// mirror::Strategy<mirror::devices::Threads> strategy{{.replicas = 4}};
+/// auto sums = strategy.run([](auto& ctx) {
+///   return ctx.all_reduce(mirror::ReduceOp::sum, ctx.replica_id_in_sync_group());
+/// });                                                // Mirrored<int>, every copy 0+1+2+3
+/// \endcode
+///
+/// One `run` at a time: concurrent calls from several threads are serialised. A `Strategy` owns
+/// its device runtime (threads, streams) and is neither copyable nor movable.
+template <class Device = devices::Default, class Ops = default_ops_t<Device>>
+class Strategy {
+  static_assert(device<Device>,
+                "mirror::Strategy<Device, Ops>: Device must model mirror::device "
+                "(mirror/concepts/device.hpp); use mirror::devices::Threads on the CPU");
+  static_assert(cross_device_ops<Ops, Device>,
+                "mirror::Strategy<Device, Ops>: Ops must model mirror::cross_device_ops<Ops, Device> "
+                "(mirror/concepts/cross_device_ops.hpp); ops::ReductionToOneDevice works on every device");
+
+ public:
+  using device_type = Device;
+  using ops_type = Ops;
+  using runtime_type = runtime_t<Device>;
+  using context_type = ReplicaContext<Strategy>;
+
+  /// Starts the device runtime (a thread pool on `devices::Threads`).
+  /// **Errors**: `std::invalid_argument` for an invalid device or ops setting (the message names
+  /// the field and its valid range).
+  explicit Strategy(Device device = {}, Ops ops = {}) : rt_(device), ops_(std::move(ops)) {
+    if constexpr (requires { ops_.validate(rt_); }) ops_.validate(rt_);
+  }
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  /// The number of replicas `run` calls `fn` on.
+  int num_replicas_in_sync() const noexcept { return rt_.num_replicas(); }
+
+  /// Calls `fn` once on every replica, concurrently, and returns when all have returned.
+  ///
+  /// `fn` may take the replica context first (`[](auto& ctx, ...)`); it is passed exactly when
+  /// `fn(ctx, args...)` is well-formed. Replica i receives component i of a `PerReplica`
+  /// argument (as `T&` for a non-const lvalue, else `const T&`), its copy of a `Mirrored`
+  /// argument (`const T&`), and every other argument itself, shared, as `const&`.
+  ///
+  /// **Returns**: `void` if `fn` does; `Mirrored<T>` if `fn` returns `Synced<T>`; a tuple
+  /// (`std::tuple`, `std::pair`, `boost::hana::tuple`) lifted element by element; otherwise
+  /// `PerReplica<T>`.
+  /// **Errors**: an exception thrown by `fn` on any replica cancels the other replicas'
+  /// collectives and is rethrown once every replica has returned: a `mirror::error` as itself,
+  /// anything else as `mirror::replica_error` naming the replica, with the original nested. When
+  /// several replicas fail, the lowest replica id's error is reported. The strategy stays usable.
+  /// Calling `run` from inside `fn` throws `mirror::error`. A `PerReplica` argument whose size is
+  /// not `num_replicas_in_sync()` throws `mirror::shape_error` before any replica starts.
+  template <class F, class... Args>
+  auto run(F&& fn, Args&&... args) {
+    using Result = decltype(call_fn(fn, std::declval<context_type&>(), 0, args...));
+    if (rt_.in_parallel()) {
+      throw error("mirror::Strategy::run: called from inside a replica function or merge_call; "
+                  "runs do not nest — use the replica context's collectives instead");
+    }
+    std::size_t index = 0;
+    (check_components(args, index++), ...);
+    std::lock_guard lock(run_mutex_);
+    const int n = num_replicas_in_sync();
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    if constexpr (std::is_void_v<Result>) {
+      rt_.parallel([&](int r) noexcept {
+        guarded(errors, r, [&] {
+          context_type ctx(*this, r);
+          call_fn(fn, ctx, r, args...);
+        });
+      });
+      rethrow_first(errors);
+    } else {
+      std::vector<std::optional<Result>> slots(static_cast<std::size_t>(n));
+      rt_.parallel([&](int r) noexcept {
+        guarded(errors, r, [&] {
+          context_type ctx(*this, r);
+          slots[static_cast<std::size_t>(r)].emplace(call_fn(fn, ctx, r, args...));
+        });
+      });
+      rethrow_first(errors);
+      return detail::run_result<Result>::assemble(slots);
+    }
+  }
+
+  /// Reduces the components of `value` (a `PerReplica<T>` or `Mirrored<T>`) element-wise across
+  /// replicas. `mean` divides by the number of replicas, in the element type. Every component
+  /// counts: the `sum` of a `Mirrored<T>` is N times its value.
+  ///
+  /// **Returns**: a `T`. Combines replicas in the order 0, 1, ..., N-1, so the bits equal a serial
+  /// loop's and are the same run after run.
+  /// **Errors**: `mirror::shape_error` when components' leaves differ in size.
+  /// Works in cross-replica context: outside `run` (parallel over the device's threads) and inside
+  /// a `merge_call` function (on the calling thread).
+  template <class V>
+  auto reduce(ReduceOp op, const V& value) {
+    static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
+                  "mirror::Strategy::reduce(op, value): value must be a PerReplica<T> or Mirrored<T> "
+                  "(what run returns); inside fn, use ctx.all_reduce instead");
+    using T = typename V::value_type;
+    static_assert(!has_view_leaf<T>(),
+                  "mirror::Strategy::reduce(op, value): value holds std::span (view) leaves, so the "
+                  "result would alias replica 0's buffer; all_reduce the spans inside fn, or reduce "
+                  "owning leaves such as std::vector");
+    const std::span<const T> components = local_results(value);
+    detail::check_component_shapes(components, "reduce");
+    T out = components[0];
+    const std::size_t n = components.size();
+    detail::for_each_leaf(
+        [&](auto& o) {
+          using L = std::remove_cvref_t<decltype(o)>;
+          using E = leaf_element_t<L>;
+          detail::require_host_element<E>();
+          // (leaf positions are found by walking every component in lockstep below)
+          (void)sizeof(E);
+        },
+        out);
+    std::vector<std::vector<const void*>> inputs;  // per leaf position, per replica
+    for (std::size_t r = 0; r < n; ++r) {
+      std::size_t k = 0;
+      detail::for_each_leaf(
+          [&](const auto& l) {
+            if (r == 0) inputs.emplace_back(n);
+            inputs[k++][r] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).data();
+          },
+          components[r]);
+    }
+    std::size_t k = 0;
+    detail::for_each_leaf(
+        [&](auto& o) {
+          using L = std::remove_cvref_t<decltype(o)>;
+          using E = leaf_element_t<L>;
+          const std::span<E> dst = leaf_traits<L>::elements(o);
+          std::vector<const E*> in(n);
+          for (std::size_t r = 0; r < n; ++r) in[r] = static_cast<const E*>(inputs[k][r]);
+          ++k;
+          host_parallel(dst.size() * n * sizeof(E), [&](int part, int parts) {
+            const auto [a, b] = detail::chunk_of<E>(0, dst.size(), part, parts);
+            if (a < b) detail::reduce_range(op, dst.data(), in, a, b);
+          });
+        },
+        out);
+    return out;
+  }
+
+  /// Like `reduce(op, value)`, and also reduces the leading (batch) dimension of every leaf:
+  /// `PerReplica<std::vector<float>>` gives `float`. `mean` divides by the total element count
+  /// across all replicas, so a ragged last batch is weighted right.
+  ///
+  /// **Requires**: leaves of rank >= 1 (a scalar is a compile error); nests of std::tuple,
+  /// std::pair or std::array. Replicas may hold different batch sizes.
+  /// **Errors**: `mirror::shape_error` for the integer `mean` of zero elements (floats give NaN).
+  template <class V>
+  auto reduce(ReduceOp op, const V& value, axis_t<0>) {
+    static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
+                  "mirror::Strategy::reduce(op, value, axis0): value must be a PerReplica<T> or "
+                  "Mirrored<T> (what run returns)");
+    using T = typename V::value_type;
+    using R = detail::axis0_result_t<T>;
+    const std::span<const T> components = local_results(value);
+    std::vector<const T*> ptrs;
+    ptrs.reserve(components.size());
+    for (const T& c : components) ptrs.push_back(&c);
+    R out{};
+    detail::reduce_axis0_into<T>(op, out, std::move(ptrs));
+    return out;
+  }
+
+  /// The components of a `PerReplica` or `Mirrored` value, in replica order.
+  template <class V>
+  static auto local_results(const V& value) {
+    static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
+                  "mirror::Strategy::local_results(value): value must be a PerReplica<T> or Mirrored<T>");
+    using T = typename V::value_type;
+    return std::span<const T>(value.begin(), value.end());
+  }
+
+  /// A `Mirrored<T>` holding one copy of `value` per replica.
+  template <class T>
+  Mirrored<std::remove_cvref_t<T>> broadcast(const T& value) {
+    return detail::access::mirrored(
+        std::vector<std::remove_cvref_t<T>>(static_cast<std::size_t>(num_replicas_in_sync()), value));
+  }
+
+  /// The device runtime (threads, streams): for backends and tests.
+  runtime_type& runtime() noexcept { return rt_; }
+  /// The ops policy this strategy reduces with.
+  const Ops& ops() const noexcept { return ops_; }
+
+ private:
+  friend context_type;
+
+  template <class T>
+  static consteval bool has_view_leaf() {
+    return []<class... Ls>(detail::type_list<Ls...>) {
+      return (false || ... || leaf_traits<Ls>::is_view);
+    }(detail::leaf_types_t<T>{});
+  }
+
+  template <class F, class... Args>
+  static decltype(auto) call_fn(F& fn, context_type& ctx, int r, Args&... args) {
+    if constexpr (std::is_invocable_v<F&, context_type&, detail::selected_t<Args&>...>) {
+      return fn(ctx, detail::select_replica(args, r)...);
+    } else if constexpr (std::is_invocable_v<F&, detail::selected_t<Args&>...>) {
+      (void)ctx;
+      return fn(detail::select_replica(args, r)...);
+    } else {
+      static_assert(sizeof(F) == 0,
+                    "mirror::Strategy::run(fn, args...): fn must be callable as fn(ctx, args...) or "
+                    "fn(args...), where a PerReplica<T> argument arrives as T&, a Mirrored<T> as "
+                    "const T&, and any other argument as const&");
+    }
+  }
+
+  template <class A>
+  void check_components(const A& a, std::size_t index) const {
+    using D = std::remove_cvref_t<A>;
+    if constexpr (detail::is_per_replica<D>::value || detail::is_mirrored<D>::value) {
+      if (a.size() != static_cast<std::size_t>(num_replicas_in_sync())) {
+        throw shape_error("mirror::Strategy::run: argument " + std::to_string(index) + " has " +
+                          std::to_string(a.size()) + " components but the strategy has " +
+                          std::to_string(num_replicas_in_sync()) +
+                          " replicas; build it with one component per replica");
+      }
+    }
+  }
+
+  template <class Body>
+  void guarded(std::vector<std::exception_ptr>& errors, int r, Body&& body) noexcept {
+    try {
+      body();
+    } catch (const detail::collective_cancelled&) {
+      // another replica failed first; its error is the one reported
+    } catch (...) {
+      errors[static_cast<std::size_t>(r)] = std::current_exception();
+      rt_.cancel();
+    }
+  }
+
+  static void rethrow_first(const std::vector<std::exception_ptr>& errors) {
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+      if (!errors[r]) continue;
+      try {
+        std::rethrow_exception(errors[r]);
+      } catch (const error&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw replica_error(static_cast<int>(r), e.what());
+      } catch (...) {
+        throw replica_error(static_cast<int>(r), "an exception not derived from std::exception");
+      }
+    }
+  }
+
+  /// Runs body(part, parts) over the device's threads when the work is large and we are outside
+  /// a run; serially otherwise (inside merge_call the replicas are busy waiting for us).
+  template <class Body>
+  void host_parallel(std::size_t bytes, Body&& body) {
+    constexpr std::size_t worth_it = std::size_t{1} << 18;  // below ~256 KiB a dispatch costs more than it saves
+    if (bytes < worth_it || rt_.in_parallel() || num_replicas_in_sync() == 1) {
+      body(0, 1);
+      return;
+    }
+    std::lock_guard lock(run_mutex_);
+    rt_.parallel([&](int r) noexcept { body(r, num_replicas_in_sync()); });
+  }
+
+  // ---- entry points for ReplicaContext ----
+
+  template <class E, std::size_t K>
+  void all_reduce_leaves(int self, ReduceOp op, const std::array<std::span<E>, K>& host,
+                         const detail::collective_header* header) {
+    detail::require_host_element<E>();
+    using pointer = typename runtime_type::template pointer<E>;
+    std::array<pointer, K> leaves{};
+    std::array<std::size_t, K> sizes{};
+    std::size_t total = 0;
+    for (std::size_t k = 0; k < K; ++k) {
+      leaves[k] = rt_.attach(self, host[k]);
+      sizes[k] = host[k].size();
+      total += sizes[k];
+    }
+    detail::collective<runtime_type> c(rt_, self, header);
+    ops_.all_reduce(c, op, detail::segment_list<runtime_type, E>{leaves, sizes, total});
+    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, leaves[k], host[k]);
+  }
+
+  const std::size_t* exchange_sizes(int self, const detail::collective_header& header, const std::size_t* sizes) {
+    detail::collective<runtime_type> c(rt_, self, &header);
+    const auto all = c.exchange(sizes);
+    return all[static_cast<std::size_t>(header.param)];
+  }
+
+  template <class E, std::size_t K>
+  void broadcast_leaves(int self, int from, const std::array<std::span<E>, K>& host) {
+    using pointer = typename runtime_type::template pointer<E>;
+    std::array<pointer, K> leaves{};
+    for (std::size_t k = 0; k < K; ++k) leaves[k] = rt_.attach(self, host[k]);
+    const auto all = rt_.exchange(self, static_cast<const pointer*>(leaves.data()));
+    if (self != from) {
+      const pointer* source = all[static_cast<std::size_t>(from)];
+      for (std::size_t k = 0; k < K; ++k) rt_.copy(self, leaves[k], source[k], host[k].size());
+    }
+    rt_.barrier(self);  // the source's buffers stay valid until every copy is done
+    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, leaves[k], host[k]);
+  }
+
+  template <class Body>
+  const void* merge(int self, const detail::collective_header& header, const void* mine, Body&& body) {
+    detail::collective<runtime_type> c(rt_, self, &header);
+    const auto all = c.exchange(mine);
+    struct outcome {
+      const void* value;
+      const std::exception_ptr* failed;
+    };
+    outcome o{nullptr, nullptr};
+    std::exception_ptr failure;
+    if (self == 0) {
+      std::vector<const void*> args(all.size());
+      for (std::size_t r = 0; r < all.size(); ++r) args[r] = all[r];
+      try {
+        const auto produced = body(std::span<const void* const>(args));
+        o.value = produced.value;
+      } catch (...) {
+        failure = std::current_exception();
+        o.failed = &failure;
+      }
+    }
+    const auto outcomes = rt_.exchange(self, o);
+    if (outcomes[0].failed != nullptr) {
+      if (self == 0) std::rethrow_exception(failure);
+      throw detail::collective_cancelled{};
+    }
+    return outcomes[0].value;
+  }
+
+  void end_merge(int self) { rt_.barrier(self); }
+
+  runtime_type rt_;
+  Ops ops_;
+  std::mutex run_mutex_;
+};
+
+}  // namespace mirror

@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// mirror::test::FakeDevice: a device whose replicas do not share memory, for proving that
+// generic ops policies use only the device primitives. Replica buffers live in per-replica
+// arenas and are named by opaque handles with no dereference, so an ops policy that touched
+// memory directly would not compile; every byte moves through copy/combine/divide, which count
+// the calls. Execution (pool, barrier, exchange) is the threads backend's.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
+#include <backends/threads/threads_runtime.hpp>
+#include <mirror/concepts/device.hpp>
+#include <mirror/detail/element_ops.hpp>
+
+namespace mirror::test {
+
+/// A handle to elements of one replica's arena: (replica, block, element index). No operator*.
+template <class E>
+struct fake_pointer {
+  int replica = -1;
+  int block = -1;
+  std::size_t index = 0;
+  fake_pointer operator+(std::size_t n) const noexcept { return {replica, block, index + n}; }
+};
+
+struct FakeDevice {
+  int replicas = 4;
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  friend bool operator==(const FakeDevice&, const FakeDevice&) = default;
+
+  class runtime : public threads::runtime {
+   public:
+    template <class E>
+    using pointer = fake_pointer<E>;
+    static constexpr bool host_addressable = false;
+
+    explicit runtime(const FakeDevice& d)
+        : threads::runtime(d.replicas, d.timeout), arenas_(static_cast<std::size_t>(d.replicas)) {}
+
+    template <class E>
+    pointer<E> attach(int self, std::span<E> host) {
+      const int b = arena(self).allocate(host.size_bytes());
+      std::memcpy(arena(self).blocks[static_cast<std::size_t>(b)].get(), host.data(), host.size_bytes());
+      ++copies_;
+      return {self, b, 0};
+    }
+    template <class E>
+    void detach(int self, pointer<E> p, std::span<E> host) {
+      std::memcpy(host.data(), resolve(p), host.size_bytes());
+      arena(self).release(p.block);
+      ++copies_;
+    }
+    template <class E>
+    pointer<E> scratch(int self, std::size_t n) {
+      arena_t& a = arena(self);
+      if (a.scratch_block < 0 || a.sizes[static_cast<std::size_t>(a.scratch_block)] < n * sizeof(E)) {
+        if (a.scratch_block >= 0) a.release(a.scratch_block);
+        a.scratch_block = a.allocate(n * sizeof(E));
+      }
+      return {self, a.scratch_block, 0};
+    }
+    template <class E>
+    void copy(int, pointer<E> dst, pointer<E> src, std::size_t n) {
+      std::memmove(resolve(dst), resolve(src), n * sizeof(E));
+      ++copies_;
+    }
+    template <class E>
+    void combine(int, ReduceOp op, pointer<E> dst, pointer<E> src, std::size_t n) {
+      detail::combine_into(op, resolve(dst), resolve(src), n);
+    }
+    template <class E>
+    void divide(int, pointer<E> p, std::size_t n, std::size_t count) {
+      detail::divide_all(resolve(p), n, count);
+    }
+
+    /// Number of copies made (attach, detach, copy) since construction.
+    long copies() const noexcept { return copies_.load(); }
+
+   private:
+    struct arena_t {
+      static constexpr std::size_t capacity = 4096;
+      std::unique_ptr<std::unique_ptr<std::byte[]>[]> blocks{new std::unique_ptr<std::byte[]>[capacity]};
+      std::vector<std::size_t> sizes = std::vector<std::size_t>(capacity, 0);
+      std::vector<int> free_list;
+      int next = 0;
+      int scratch_block = -1;
+      int allocate(std::size_t bytes) {
+        int b;
+        if (!free_list.empty()) {
+          b = free_list.back();
+          free_list.pop_back();
+        } else {
+          b = next++;
+        }
+        blocks[static_cast<std::size_t>(b)].reset(new std::byte[bytes == 0 ? 1 : bytes]);
+        sizes[static_cast<std::size_t>(b)] = bytes;
+        return b;
+      }
+      void release(int b) {
+        blocks[static_cast<std::size_t>(b)].reset();
+        free_list.push_back(b);
+      }
+    };
+    arena_t& arena(int r) { return arenas_[static_cast<std::size_t>(r)]; }
+    template <class E>
+    E* resolve(pointer<E> p) {
+      return reinterpret_cast<E*>(arena(p.replica).blocks[static_cast<std::size_t>(p.block)].get()) + p.index;
+    }
+
+    std::vector<arena_t> arenas_;
+    std::atomic<long> copies_{0};
+  };
+};
+
+static_assert(device<FakeDevice>);
+
+}  // namespace mirror::test
