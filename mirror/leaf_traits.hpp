@@ -10,6 +10,7 @@
 ///
 /// | member | meaning |
 /// |---|---|
+/// | `static constexpr bool is_leaf = true;` | marks the specialisation |
 /// | `using element_type = E;` | the arithmetic element type |
 /// | `static constexpr int rank` | 0 for a scalar, 1 for a buffer (`axis0` needs rank >= 1) |
 /// | `static constexpr bool is_view` | true if copying the leaf aliases the same memory: collectives then reduce in place, allocating nothing |
@@ -21,13 +22,14 @@
 /// \code
 /// struct Grad { float* p; std::size_t n; };
 /// template <> struct mirror::leaf_traits<Grad> {
+///   static constexpr bool is_leaf = true;
 ///   using element_type = float;
 ///   static constexpr int rank = 1;
 ///   static constexpr bool is_view = true, resizable = false;
 ///   static std::span<float> elements(const Grad& g) { return {g.p, g.n}; }
 /// };
 /// \endcode
-/// (`tests/mirror/leaf_traits_test.cpp` compiles and runs this one.)
+/// (`tests/mirror/nest_test.cpp` compiles and runs this one.)
 
 #include <array>
 #include <cstddef>

@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Everything: the core and every backend enabled in this build. Includes only.
+/// Everything: the core and every backend enabled in this build. Includes only. Also brings
+/// Hana's struct macros (BOOST_HANA_DEFINE_STRUCT, BOOST_HANA_ADAPT_STRUCT), so a nest can be
+/// declared with this header alone.
+
+#include <boost/hana/adapt_struct.hpp>
+#include <boost/hana/define_struct.hpp>
 
 #include <mirror/axis.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>

@@ -20,7 +20,7 @@ template <class T>
 class Mirrored : public detail::replica_values<T> {
  public:
   /// The copy held by replica 0.
-  const T& primary() const noexcept { return this->values_.front(); }
+  const T& primary() const noexcept { return this->values_.data()[0]; }
 
  private:
   explicit Mirrored(std::vector<T> copies) : detail::replica_values<T>(std::move(copies)) {}

@@ -27,7 +27,7 @@ class PerReplica : public detail::replica_values<T> {
       : detail::replica_values<T>(std::move(components)) {}
 
   /// Mutable access to component `i`, used when a non-const `PerReplica` is passed to `run`.
-  T& operator[](std::size_t i) noexcept { return this->values_[i]; }
+  T& operator[](std::size_t i) noexcept { return this->values_.data()[i]; }
   using detail::replica_values<T>::operator[];
 };
 

@@ -9,6 +9,7 @@
 #include <mirror/reduce_op.hpp>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace mirror::ops {
 
@@ -58,6 +59,14 @@ struct HierarchicalCopy {
     return p;
   }
 
+  /// The elements [first, second) of the concatenated leaves that form pack `i` of `packs`
+  /// (TF's `_ConcatAndSplitPacker`: `total / packs` each, the last takes the rest).
+  static constexpr std::pair<std::size_t, std::size_t> pack_range(std::size_t i, std::size_t packs,
+                                                                  std::size_t total) noexcept {
+    const std::size_t per = total / packs;
+    return {i * per, i + 1 == packs ? total : (i + 1) * per};
+  }
+
   template <class Rt, class E>
   void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
     using pointer = typename Rt::template pointer<E>;
@@ -100,9 +109,8 @@ struct HierarchicalCopy {
       }
     } else {
       const std::size_t packs = static_cast<std::size_t>(num_packs);
-      const std::size_t per = s.total / packs;
       for (std::size_t i = 0; i < packs; ++i) {
-        const std::size_t begin = i * per, end = i + 1 == packs ? s.total : begin + per;
+        const auto [begin, end] = pack_range(i, packs, s.total);
         if (begin < end) reduce_pack(i, begin, end);
       }
     }

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+// backends/threads: the persistent pool, oversubscription, parking when idle, timeouts and the
+// names of replicas that never arrive.
+
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <set>
+#include <thread>
+#include <vector>
+#include <mirror/mirror.hpp>
+
+using mirror::ReduceOp;
+using namespace std::chrono_literals;
+using S = mirror::Strategy<mirror::devices::Threads>;
+
+namespace {
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+}  // namespace
+
+TEST_CASE("the pool is created once; replica 0 is the calling thread", "[threads][pool]") {
+  S s{{.replicas = 4}};
+  auto ids = [&] {
+    return s.run([](auto&) { return std::this_thread::get_id(); });
+  };
+  const auto first = ids(), second = ids();
+  REQUIRE(first[0] == std::this_thread::get_id());
+  std::set<std::thread::id> distinct(first.begin(), first.end());
+  REQUIRE(distinct.size() == 4);
+  for (std::size_t r = 0; r < 4; ++r) REQUIRE(first[r] == second[r]);
+}
+
+TEST_CASE("16 replicas on a 2-core machine make progress through many collectives", "[threads][oversubscribed]") {
+  S s{{.replicas = 16}};
+  for (int step = 0; step < 20; ++step) {
+    const auto out = s.run([&](auto& ctx) {
+      std::vector<double> x(1000, double(ctx.replica_id_in_sync_group()));
+      for (int k = 0; k < 5; ++k) x = *ctx.all_reduce(ReduceOp::mean, x);
+      return ctx.all_reduce(ReduceOp::sum, x[0]);
+    });
+    for (double v : out) REQUIRE(v == 16 * 7.5);
+  }
+}
+
+TEST_CASE("an idle pool parks instead of spinning", "[threads][pool]") {
+  S s{{.replicas = 8}};
+  s.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, 1); });
+  const double before = process_cpu_seconds();
+  std::this_thread::sleep_for(300ms);
+  const double burnt = process_cpu_seconds() - before;
+  // 7 spinning workers would burn about 2 cores x 0.3 s here; parked ones burn next to nothing
+  // (the bound leaves room for the brief spin after the run and for a loaded CI machine).
+  CAPTURE(burnt);
+  REQUIRE(burnt < 0.1);
+}
+
+TEST_CASE("a replica that returns without reaching a collective is named", "[threads][errors]") {
+  S s{{.replicas = 4}};
+  try {
+    s.run([](auto& ctx) {
+      if (ctx.replica_id_in_sync_group() == 2) return;
+      ctx.all_reduce(ReduceOp::sum, 1);
+    });
+    FAIL("no exception");
+  } catch (const mirror::timeout_error& e) {
+    REQUIRE(e.missing() == std::vector<int>{2});
+    REQUIRE_THAT(e.what(), Catch::Contains("{2} returned from fn without reaching"));
+  }
+  REQUIRE(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }).primary() == 4);
+}
+
+TEST_CASE("a replica that is late beyond the timeout is named, and the others do not hang", "[threads][errors][timeout]") {
+  S s{{.replicas = 3, .timeout = 200ms}};
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    s.run([](auto& ctx) {
+      if (ctx.replica_id_in_sync_group() == 1) std::this_thread::sleep_for(1s);
+      ctx.all_reduce(ReduceOp::sum, 1);
+    });
+    FAIL("no exception");
+  } catch (const mirror::timeout_error& e) {
+    REQUIRE(e.missing() == std::vector<int>{1});
+    REQUIRE_THAT(e.what(), Catch::Contains("200 ms") && Catch::Contains("{1} did not reach"));
+  }
+  // run returns once the late replica has returned too; it never waits forever
+  REQUIRE(std::chrono::steady_clock::now() - start < 30s);
+  REQUIRE(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }).primary() == 3);
+}
+
+TEST_CASE("many strategies can live side by side", "[threads][pool]") {
+  S a{{.replicas = 2}}, b{{.replicas = 3}};
+  const auto x = a.run([&](auto& ctx) {
+    // a different strategy may run from inside fn: only the same one cannot nest
+    const auto inner = b.run([](auto& c) { return c.all_reduce(ReduceOp::sum, 1); });
+    return ctx.all_reduce(ReduceOp::sum, inner.primary());
+  });
+  REQUIRE(x.primary() == 6);
+}

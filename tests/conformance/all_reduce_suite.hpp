@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: Apache-2.0
+// The laws every (device, ops) pair must satisfy, written once. A test file defines
+//   CONFORMANCE_DEVICE  the device policy type
+//   CONFORMANCE_OPS     an ops policy value, e.g. mirror::ops::HierarchicalCopy{.num_packs = 3}
+//   CONFORMANCE_TAG     the Catch2 tags, e.g. "[threads][hierarchical_copy]"
+// and includes this file.
+
+#include <boost/hana/define_struct.hpp>
+#include <catch2/catch.hpp>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
+#include <mirror/mirror.hpp>
+#include "support/reference.hpp"
+
+namespace conformance {
+
+using Device = CONFORMANCE_DEVICE;
+using Ops = std::remove_cvref_t<decltype(CONFORMANCE_OPS)>;
+using Strategy = mirror::Strategy<Device, Ops>;
+using mirror::ReduceOp;
+
+inline Strategy& strategy_with(int replicas) {
+  static std::array<std::unique_ptr<Strategy>, 17> cache;
+  auto& s = cache[static_cast<std::size_t>(replicas)];
+  if (!s) s = std::make_unique<Strategy>(mirror::test::make_device<Device>(replicas), CONFORMANCE_OPS);
+  return *s;
+}
+
+struct Mixed {
+  BOOST_HANA_DEFINE_STRUCT(Mixed, (std::vector<float>, w), (float, b), (std::array<double, 3>, d),
+                           (std::tuple<int, std::vector<int>>, t), (std::int64_t, steps));
+};
+
+}  // namespace conformance
+
+using mirror::ReduceOp;
+
+TEMPLATE_TEST_CASE("conformance: all_reduce equals a serial reference for every op, replica count and size",
+                   CONFORMANCE_TAG, float, double, std::int32_t, std::int64_t) {
+  using T = TestType;
+  for (const int R : mirror::test::replica_counts) {
+    auto& s = conformance::strategy_with(R);
+    const std::size_t sizes[] = {1, 3, static_cast<std::size_t>(5 * R + 1), 1009, (std::size_t{1} << 20) + 1};
+    for (const std::size_t n : sizes) {
+      for (const auto op : mirror::test::all_ops) {
+        CAPTURE(R, n, mirror::to_string(op));
+        const std::vector<T> expected = mirror::test::serial_reference<T>(op, R, n);
+        std::vector<std::vector<T>> inputs(static_cast<std::size_t>(R));
+        for (int r = 0; r < R; ++r) inputs[static_cast<std::size_t>(r)] = mirror::test::input_vector<T>(op, r, n);
+        const auto pristine = inputs;
+        std::atomic<int> wrong{0};
+        s.run([&](auto& ctx) {
+          const auto out = ctx.all_reduce(op, inputs[static_cast<std::size_t>(ctx.replica_id_in_sync_group())]);
+          if (out->size() != n || !mirror::test::same_bits(out->data(), expected.data(), n)) ++wrong;
+        });
+        REQUIRE(inputs == pristine);  // owning leaves are reduced in a copy
+        REQUIRE(wrong == 0);
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("conformance: span leaves are reduced in place in every replica's buffer", CONFORMANCE_TAG, float,
+                   double, std::int32_t, std::int64_t) {
+  using T = TestType;
+  for (const int R : {1, 2, 3, 7, 16}) {
+    auto& s = conformance::strategy_with(R);
+    for (const std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{4099}}) {
+      for (const auto op : {ReduceOp::sum, ReduceOp::max, ReduceOp::mean}) {
+        CAPTURE(R, n, mirror::to_string(op));
+        const std::vector<T> expected = mirror::test::serial_reference<T>(op, R, n);
+        std::vector<std::vector<T>> buffers(static_cast<std::size_t>(R));
+        for (int r = 0; r < R; ++r) buffers[static_cast<std::size_t>(r)] = mirror::test::input_vector<T>(op, r, n);
+        std::atomic<int> aliased{0};
+        s.run([&](auto& ctx) {
+          auto& mine = buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())];
+          const auto out = ctx.all_reduce(op, std::span<T>(mine));
+          if (out->data() == mine.data() && out->size() == n) ++aliased;
+        });
+        REQUIRE(aliased == R);
+        for (const auto& b : buffers) REQUIRE(mirror::test::same_bits(b.data(), expected.data(), n));
+      }
+    }
+  }
+}
+
+TEST_CASE("conformance: a nest of several element types and leaf kinds is reduced leaf by leaf", CONFORMANCE_TAG) {
+  for (const int R : {1, 2, 3, 5}) {
+    auto& s = conformance::strategy_with(R);
+    for (const auto op : {ReduceOp::sum, ReduceOp::min, ReduceOp::mean}) {
+      CAPTURE(R, mirror::to_string(op));
+      auto make = [](int r) {
+        return conformance::Mixed{std::vector<float>{float(r), float(2 * r), -1.0f, float(r * r)},
+                                  float(10 + r),
+                                  {double(r), -double(r), 0.5},
+                                  {r * 3, std::vector<int>(5, r - 1)},
+                                  std::int64_t{100} * r};
+      };
+      const auto per_replica = s.run([&](auto& ctx) {
+        return std::pair{make(ctx.replica_id_in_sync_group()),
+                         ctx.all_reduce(op, make(ctx.replica_id_in_sync_group()))};
+      });
+      const mirror::PerReplica<conformance::Mixed>& inputs = per_replica.first;
+      const mirror::Mirrored<conformance::Mixed>& outputs = per_replica.second;
+      const conformance::Mixed reduced = s.reduce(op, inputs);  // the host path, as a second reference
+      // An independent reference for one leaf of each kind:
+      float b = make(0).b;
+      int t0 = std::get<0>(make(0).t);
+      for (int r = 1; r < R; ++r) {
+        const auto x = make(r);
+        b = op == ReduceOp::min ? std::min(b, x.b) : b + x.b;
+        t0 = op == ReduceOp::min ? std::min(t0, std::get<0>(x.t)) : t0 + std::get<0>(x.t);
+      }
+      if (op == ReduceOp::mean) {
+        b /= float(R);
+        t0 /= R;
+      }
+      for (const auto& o : outputs) {
+        REQUIRE(o.b == b);
+        REQUIRE(std::get<0>(o.t) == t0);
+        REQUIRE(o.w == reduced.w);
+        REQUIRE(o.d == reduced.d);
+        REQUIRE(std::get<1>(o.t) == std::get<1>(reduced.t));
+        REQUIRE(o.steps == reduced.steps);
+        REQUIRE(o.b == reduced.b);
+      }
+    }
+  }
+}
+
+TEST_CASE("conformance: results are bitwise reproducible and identical on every replica", CONFORMANCE_TAG) {
+  for (const int R : {2, 3, 8}) {
+    auto& s = conformance::strategy_with(R);
+    for (const std::size_t n : {std::size_t{7}, std::size_t{100003}}) {
+      CAPTURE(R, n);
+      auto once = [&] {
+        return s.run([&](auto& ctx) {
+          std::mt19937 gen(static_cast<unsigned>(1234 + ctx.replica_id_in_sync_group()));
+          std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+          std::vector<float> x(n);
+          for (auto& v : x) v = dist(gen);
+          return ctx.all_reduce(ReduceOp::sum, x);
+        });
+      };
+      const auto first = once();
+      for (const auto& copy : first) REQUIRE(mirror::test::same_bits(copy.data(), first.primary().data(), n));
+      for (int again = 0; again < 3; ++again) {
+        const auto next = once();
+        for (const auto& copy : next) REQUIRE(mirror::test::same_bits(copy.data(), first.primary().data(), n));
+      }
+    }
+  }
+}
+
+TEST_CASE("conformance: broadcast gives every replica the source's value", CONFORMANCE_TAG) {
+  for (const int R : {1, 2, 3, 7}) {
+    auto& s = conformance::strategy_with(R);
+    for (int from = 0; from < R; ++from) {
+      CAPTURE(R, from);
+      std::vector<std::vector<double>> views(static_cast<std::size_t>(R), std::vector<double>(33));
+      const auto out = s.run([&](auto& ctx) {
+        const int r = ctx.replica_id_in_sync_group();
+        auto& view = views[static_cast<std::size_t>(r)];
+        for (std::size_t i = 0; i < view.size(); ++i) view[i] = r * 1000.0 + double(i);
+        // vectors of different sizes: they take the source's size
+        std::tuple<std::vector<int>, std::array<float, 2>, std::span<double>> v{
+            std::vector<int>(static_cast<std::size_t>(r + 1), r), {float(r), -float(r)}, std::span<double>(view)};
+        return ctx.broadcast(v, from);
+      });
+      for (const auto& copy : out) {
+        REQUIRE(std::get<0>(copy) == std::vector<int>(static_cast<std::size_t>(from + 1), from));
+        REQUIRE(std::get<1>(copy) == std::array<float, 2>{float(from), -float(from)});
+      }
+      for (const auto& view : views) {
+        for (std::size_t i = 0; i < view.size(); ++i) REQUIRE(view[i] == from * 1000.0 + double(i));
+      }
+    }
+  }
+}
+
+TEST_CASE("conformance: replicas that disagree get a shape_error on every replica and nothing changes",
+          CONFORMANCE_TAG) {
+  for (const int R : {2, 3, 7}) {
+    auto& s = conformance::strategy_with(R);
+    CAPTURE(R);
+    SECTION("different sizes of an in-place leaf") {
+      std::vector<std::vector<float>> buffers(static_cast<std::size_t>(R));
+      for (int r = 0; r < R; ++r) buffers[static_cast<std::size_t>(r)].assign(r == R - 1 ? 9 : 8, float(r));
+      const auto before = buffers;
+      std::atomic<int> raised{0};
+      try {
+        s.run([&](auto& ctx) {
+          try {
+            ctx.all_reduce(ReduceOp::sum, std::span<float>(buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())]));
+          } catch (const mirror::shape_error&) {
+            ++raised;
+            throw;
+          }
+        });
+        FAIL("no shape_error");
+      } catch (const mirror::shape_error& e) {
+        REQUIRE_THAT(e.what(), Catch::Contains("9 elements on replica " + std::to_string(R - 1)) &&
+                                   Catch::Contains("8 on replica 0"));
+      }
+      REQUIRE(raised == R);
+      REQUIRE(buffers == before);
+    }
+    SECTION("different nest types") {
+      REQUIRE_THROWS_WITH(s.run([](auto& ctx) {
+        if (ctx.replica_id_in_sync_group() == 1) {
+          ctx.all_reduce(ReduceOp::sum, 1.0);
+        } else {
+          ctx.all_reduce(ReduceOp::sum, 1.0f);
+        }
+      }),
+                          Catch::Contains("mismatched nests"));
+    }
+    SECTION("different ops") {
+      REQUIRE_THROWS_AS(s.run([](auto& ctx) {
+        ctx.all_reduce(ctx.replica_id_in_sync_group() == 0 ? ReduceOp::sum : ReduceOp::max, 1);
+      }),
+                        mirror::shape_error);
+    }
+    // the strategy is still usable
+    const auto ok = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 2); });
+    REQUIRE(ok.primary() == 2 * R);
+  }
+}
+
+TEST_CASE("conformance: an exception in one replica cancels the others' collectives", CONFORMANCE_TAG) {
+  for (const int R : {2, 4, 16}) {
+    auto& s = conformance::strategy_with(R);
+    CAPTURE(R);
+    for (int thrower = 0; thrower < R; thrower += R - 1) {
+      try {
+        s.run([&](auto& ctx) {
+          std::vector<float> x(1000, 1.0f);
+          ctx.all_reduce(ReduceOp::sum, x);
+          if (ctx.replica_id_in_sync_group() == thrower) throw std::logic_error("replica failed");
+          ctx.all_reduce(ReduceOp::sum, x);  // the others wait here until cancelled
+          ctx.all_reduce(ReduceOp::sum, x);
+        });
+        FAIL("no exception");
+      } catch (const mirror::replica_error& e) {
+        REQUIRE(e.replica() == thrower);
+        REQUIRE_THROWS_WITH(e.rethrow_nested(), "replica failed");
+      }
+      const auto ok = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::max, ctx.replica_id_in_sync_group()); });
+      REQUIRE(ok.primary() == R - 1);
+    }
+  }
+}

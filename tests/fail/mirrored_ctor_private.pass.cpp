@@ -1,0 +1,12 @@
+// Passing twin of mirrored_ctor_private.fail.cpp (tests/fail/check_fail.py).
+// Compile-fail test mirrored_ctor_private: constructing mirror::Mirrored<int> in user code: only run and Strategy::broadcast make one.
+// mirrored_ctor_private.fail.cpp must not compile; mirrored_ctor_private.pass.cpp, which differs only in the line marked
+// "under test", must.
+#include <mirror/mirror.hpp>
+#include <vector>
+
+int main() {
+  mirror::Strategy<mirror::devices::Threads> strategy{{.replicas = 2}};
+  mirror::Mirrored<int> m = strategy.broadcast(7);  // <- under test
+  return m.primary() == 7 ? 0 : 1;
+}

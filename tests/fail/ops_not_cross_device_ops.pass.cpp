@@ -1,0 +1,14 @@
+// Passing twin of ops_not_cross_device_ops.fail.cpp (tests/fail/check_fail.py).
+// Compile-fail test ops_not_cross_device_ops: Strategy<Threads, Ops> with an Ops type that has no all_reduce.
+// ops_not_cross_device_ops.fail.cpp must not compile; ops_not_cross_device_ops.pass.cpp, which differs only in the line marked
+// "under test", must.
+#include <mirror/mirror.hpp>
+struct NotOps {
+  friend bool operator==(NotOps, NotOps) = default;
+};
+
+int main() {
+  using Ops = mirror::ops::ReductionToOneDevice;  // <- under test
+  mirror::Strategy<mirror::devices::Threads, Ops> strategy{{.replicas = 2}};
+  return strategy.num_replicas_in_sync() == 2 ? 0 : 1;
+}

@@ -1,0 +1,15 @@
+// Passing twin of reduce_span_leaves.fail.cpp (tests/fail/check_fail.py).
+// Compile-fail test reduce_span_leaves: strategy.reduce of a PerReplica of std::span leaves: the result would alias replica 0's buffer.
+// reduce_span_leaves.fail.cpp must not compile; reduce_span_leaves.pass.cpp, which differs only in the line marked
+// "under test", must.
+#include <mirror/mirror.hpp>
+#include <span>
+#include <vector>
+
+int main() {
+  mirror::Strategy<mirror::devices::Threads> strategy{{.replicas = 2}};
+  std::vector<float> a(4, 1.0f), b(4, 2.0f);
+  mirror::PerReplica<std::vector<float>> grads(std::vector<std::vector<float>>{a, b});  // <- under test
+  auto total = strategy.reduce(mirror::ReduceOp::sum, grads);
+  (void)total;
+}

@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
+// The conformance suite (tests/conformance/all_reduce_suite.hpp) for mirror::test::FakeDevice with mirror::ops::ReductionToOneDevice{}.
+#define CONFORMANCE_DEVICE mirror::test::FakeDevice
+#define CONFORMANCE_OPS mirror::ops::ReductionToOneDevice{}
+#define CONFORMANCE_TAG "[fake][reduction_to_one_device]"
+#include "support/fake_device.hpp"
+#include "conformance/all_reduce_suite.hpp"
