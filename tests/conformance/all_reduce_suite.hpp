@@ -47,7 +47,7 @@ TEMPLATE_TEST_CASE("conformance: all_reduce equals a serial reference for every 
   using T = TestType;
   for (const int R : mirror::test::replica_counts) {
     auto& s = conformance::strategy_with(R);
-    const std::size_t sizes[] = {1, 3, static_cast<std::size_t>(5 * R + 1), 1009, (std::size_t{1} << 20) + 1};
+    const std::size_t sizes[] = {1, 3, static_cast<std::size_t>(5 * R + 1), 1009, mirror::test::large_size};
     for (const std::size_t n : sizes) {
       for (const auto op : mirror::test::all_ops) {
         CAPTURE(R, n, mirror::to_string(op));

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Contract consumer, installed flavour: install this build into a temporary DESTDIR, then
+# build tests/consumer/contract.cpp outside the tree with nothing but
+#   $CXX -std=c++20 -O1 contract.cpp $(pkg-config --cflags --libs mirror)
+# and run it. The exit code is the verdict.
+#
+#   run_consumer.sh BUILD_DIR SRC_DIR        (CXX: the compiler command, default g++)
+set -euo pipefail
+
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 BUILD_DIR SRC_DIR" >&2
+  exit 2
+fi
+build_dir=$(cd "$1" && pwd)
+src_dir=$(cd "$2" && pwd)
+cxx=${CXX:-g++}
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/mirror-consumer.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+destdir="$tmp/root"
+
+meson install -C "$build_dir" --destdir "$destdir" --no-rebuild --quiet
+
+pc=$(find "$destdir" -name mirror.pc -print -quit)
+if [[ -z $pc ]]; then
+  echo "FAIL: meson install did not install mirror.pc" >&2
+  exit 1
+fi
+export PKG_CONFIG_PATH="$(dirname "$pc")"
+export PKG_CONFIG_SYSROOT_DIR="$destdir"
+flags=$(pkg-config --cflags --libs mirror)
+echo "pkg-config --cflags --libs mirror: $flags"
+
+# shellcheck disable=SC2086  # $cxx and $flags are word lists
+$cxx -std=c++20 -O1 "$src_dir/tests/consumer/contract.cpp" $flags -o "$tmp/contract"
+"$tmp/contract"
+echo "PASS: contract.cpp built with pkg-config mirror and ran"
