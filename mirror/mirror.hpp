@@ -15,15 +15,21 @@
 #include <mirror/config.hpp>
 #include <mirror/default_device.hpp>
 #include <mirror/default_ops.hpp>
+#include <mirror/distributed_dataset.hpp>
 #include <mirror/error.hpp>
+#include <mirror/input_context.hpp>
 #include <mirror/leaf_traits.hpp>
+#include <mirror/matrix.hpp>
 #include <mirror/mirrored.hpp>
+#include <mirror/mirrored_variable.hpp>
 #include <mirror/ops/hierarchical_copy.hpp>
 #include <mirror/ops/reduction_to_one_device.hpp>
 #include <mirror/per_replica.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/replica_context.hpp>
 #include <mirror/strategy.hpp>
+#include <mirror/sync_on_read_variable.hpp>
 #include <mirror/synced.hpp>
+#include <mirror/variable_aggregation.hpp>
 
 #include <backends/threads/threads.hpp>

@@ -26,7 +26,13 @@
 #include <mirror/detail/host_reduce.hpp>
 #include <mirror/detail/run_result.hpp>
 #include <mirror/error.hpp>
+#include <mirror/distributed_dataset.hpp>
+#include <mirror/input_context.hpp>
 #include <mirror/mirrored.hpp>
+#include <mirror/mirrored_variable.hpp>
+#include <mirror/sync_on_read_variable.hpp>
+#include <mirror/variable_aggregation.hpp>
+#include <ranges>
 #include <mirror/per_replica.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/replica_context.hpp>
@@ -35,11 +41,21 @@
 namespace mirror {
 namespace detail {
 
-/// What replica r receives for one argument of run (architecture.md 2.1).
-template <class A>
-decltype(auto) select_replica(A&& a, int r) {
+template <class T> struct is_variable : std::false_type {};
+template <class T> struct is_variable<MirroredVariable<T>> : std::true_type {};
+template <class T> struct is_variable<SyncOnReadVariable<T>> : std::true_type {};
+
+/// What replica r holds for one argument of run (architecture.md 2.1): a reference to its
+/// component or copy, a reference to a shared value, or (variables) a replica-local handle.
+template <class A, class Context>
+decltype(auto) hold_for_replica(A&& a, int r, Context& ctx) {
   using D = std::remove_cvref_t<A>;
-  if constexpr (is_per_replica<D>::value) {
+  if constexpr (is_variable<D>::value) {
+    static_assert(std::is_lvalue_reference_v<A> && !std::is_const_v<std::remove_reference_t<A>>,
+                  "mirror::Strategy::run(fn, args...): pass a variable as a non-const lvalue (it is updated "
+                  "through the handle fn receives)");
+    return a.handle_for(r, ctx);
+  } else if constexpr (is_per_replica<D>::value) {
     if constexpr (std::is_lvalue_reference_v<A> && !std::is_const_v<std::remove_reference_t<A>>) {
       return a[static_cast<std::size_t>(r)];  // T&
     } else {
@@ -52,8 +68,12 @@ decltype(auto) select_replica(A&& a, int r) {
   }
 }
 
-template <class A>
-using selected_t = decltype(select_replica(std::declval<A>(), 0));
+/// The type replica r holds, and the lvalue fn receives.
+template <class A, class Context>
+using held_t = decltype(hold_for_replica(std::declval<A>(), 0, std::declval<Context&>()));
+template <class A, class Context>
+using passed_t = std::conditional_t<std::is_reference_v<held_t<A, Context>>, held_t<A, Context>,
+                                    held_t<A, Context>&>;
 
 }  // namespace detail
 
@@ -120,7 +140,7 @@ class Strategy {
   /// not `num_replicas_in_sync()` throws `mirror::shape_error` before any replica starts.
   template <class F, class... Args>
   auto run(F&& fn, Args&&... args) {
-    using Result = decltype(call_fn(fn, std::declval<context_type&>(), 0, args...));
+    using Result = std::decay_t<decltype(call_fn(fn, std::declval<context_type&>(), 0, args...))>;
     if (rt_.in_parallel()) {
       throw error("mirror::Strategy::run: called from inside a replica function or merge_call; "
                   "runs do not nest — use the replica context's collectives instead");
@@ -170,44 +190,10 @@ class Strategy {
                   "mirror::Strategy::reduce(op, value): value holds std::span (view) leaves, so the "
                   "result would alias replica 0's buffer; all_reduce the spans inside fn, or reduce "
                   "owning leaves such as std::vector");
-    const std::span<const T> components = local_results(value);
-    detail::check_component_shapes(components, "reduce");
+    const std::span<const T> components(value.begin(), value.end());
     T out = components[0];
-    const std::size_t n = components.size();
-    detail::for_each_leaf(
-        [&](auto& o) {
-          using L = std::remove_cvref_t<decltype(o)>;
-          using E = leaf_element_t<L>;
-          detail::require_host_element<E>();
-          // (leaf positions are found by walking every component in lockstep below)
-          (void)sizeof(E);
-        },
-        out);
-    std::vector<std::vector<const void*>> inputs;  // per leaf position, per replica
-    for (std::size_t r = 0; r < n; ++r) {
-      std::size_t k = 0;
-      detail::for_each_leaf(
-          [&](const auto& l) {
-            if (r == 0) inputs.emplace_back(n);
-            inputs[k++][r] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).data();
-          },
-          components[r]);
-    }
-    std::size_t k = 0;
-    detail::for_each_leaf(
-        [&](auto& o) {
-          using L = std::remove_cvref_t<decltype(o)>;
-          using E = leaf_element_t<L>;
-          const std::span<E> dst = leaf_traits<L>::elements(o);
-          std::vector<const E*> in(n);
-          for (std::size_t r = 0; r < n; ++r) in[r] = static_cast<const E*>(inputs[k][r]);
-          ++k;
-          host_parallel(dst.size() * n * sizeof(E), [&](int part, int parts) {
-            const auto [a, b] = detail::chunk_of<E>(0, dst.size(), part, parts);
-            if (a < b) detail::reduce_range(op, dst.data(), in, a, b);
-          });
-        },
-        out);
+    detail::reduce_components(op, components, out,
+                              [&](std::size_t bytes, auto&& body) { host_parallel(bytes, body); }, "reduce");
     return out;
   }
 
@@ -234,13 +220,57 @@ class Strategy {
     return out;
   }
 
-  /// The components of a `PerReplica` or `Mirrored` value, in replica order.
+  /// The components of a `PerReplica` or `Mirrored` value, or the copies of a variable, in
+  /// replica order.
   template <class V>
   static auto local_results(const V& value) {
-    static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
-                  "mirror::Strategy::local_results(value): value must be a PerReplica<T> or Mirrored<T>");
+    static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value || detail::is_variable<V>::value,
+                  "mirror::Strategy::local_results(value): value must be a PerReplica<T>, Mirrored<T> or a variable");
     using T = typename V::value_type;
-    return std::span<const T>(value.begin(), value.end());
+    return std::span<const T>(&*value.begin(), value.size());
+  }
+
+  /// A variable kept in sync on write: one copy of `init` per replica (see
+  /// `mirror/mirrored_variable.hpp`).
+  /// **Errors**: `aggregation_error` for `VariableAggregation::mean` with integer leaves.
+  template <class T>
+  MirroredVariable<T> make_variable(T init, VariableAggregation aggregation = VariableAggregation::none) {
+    return detail::access::make<MirroredVariable<T>>(init, num_replicas_in_sync(), aggregation);
+  }
+
+  /// A variable each replica writes on its own, aggregated when read in cross-replica context
+  /// (see `mirror/sync_on_read_variable.hpp`).
+  template <class T>
+  SyncOnReadVariable<T> make_sync_on_read_variable(T init, VariableAggregation aggregation) {
+    return detail::access::make<SyncOnReadVariable<T>>(init, num_replicas_in_sync(), aggregation);
+  }
+
+  /// Splits each global batch of `global_batches` over the replicas (views, no copy); iterate the
+  /// result and pass each element to `run`. See `mirror/distributed_dataset.hpp` for the split
+  /// rule and the batch types (`std::vector`, `std::span`, `mirror::matrix`, `mirror::matrix_view`
+  /// leaves, and nests of them). The range is kept (owned if an rvalue, referenced otherwise).
+  template <std::ranges::input_range R>
+  auto distribute_dataset(R&& global_batches, InputOptions options = {}) {
+    if (options.prefetch < 0) {
+      throw std::invalid_argument("mirror::InputOptions{.prefetch = " + std::to_string(options.prefetch) +
+                                  "}: prefetch must be >= 0");
+    }
+    using V = std::views::all_t<R>;
+    return DistributedDataset<V>(std::views::all(std::forward<R>(global_batches)), num_replicas_in_sync(), options);
+  }
+
+  /// Calls `dataset_fn(const InputContext&)` once, on this thread, with
+  /// `{.num_input_pipelines = 1, .input_pipeline_id = 0, .num_replicas_in_sync = N}`; it returns
+  /// a range of per-replica batches, which replicas dequeue one each per step, in replica order.
+  template <class F>
+  auto distribute_datasets_from_function(F&& dataset_fn) {
+    const InputContext context{1, 0, num_replicas_in_sync()};
+    using R = std::invoke_result_t<F&, const InputContext&>;
+    static_assert(std::ranges::input_range<R>,
+                  "mirror::Strategy::distribute_datasets_from_function(fn): fn(const InputContext&) must "
+                  "return a range of per-replica batches");
+    using V = std::views::all_t<R>;
+    return DatasetsFromFunction<V>(std::views::all(dataset_fn(context)), num_replicas_in_sync());
   }
 
   /// A `Mirrored<T>` holding one copy of `value` per replica.
@@ -267,28 +297,29 @@ class Strategy {
 
   template <class F, class... Args>
   static decltype(auto) call_fn(F& fn, context_type& ctx, int r, Args&... args) {
-    if constexpr (std::is_invocable_v<F&, context_type&, detail::selected_t<Args&>...>) {
-      return fn(ctx, detail::select_replica(args, r)...);
-    } else if constexpr (std::is_invocable_v<F&, detail::selected_t<Args&>...>) {
-      (void)ctx;
-      return fn(detail::select_replica(args, r)...);
+    std::tuple<detail::held_t<Args&, context_type>...> held(detail::hold_for_replica(args, r, ctx)...);
+    if constexpr (std::is_invocable_v<F&, context_type&, detail::passed_t<Args&, context_type>...>) {
+      return std::apply([&](auto&... h) -> decltype(auto) { return fn(ctx, h...); }, held);
+    } else if constexpr (std::is_invocable_v<F&, detail::passed_t<Args&, context_type>...>) {
+      return std::apply([&](auto&... h) -> decltype(auto) { return fn(h...); }, held);
     } else {
       static_assert(sizeof(F) == 0,
                     "mirror::Strategy::run(fn, args...): fn must be callable as fn(ctx, args...) or "
                     "fn(args...), where a PerReplica<T> argument arrives as T&, a Mirrored<T> as "
-                    "const T&, and any other argument as const&");
+                    "const T&, a variable as a handle (auto&), and any other argument as const&");
     }
   }
 
   template <class A>
   void check_components(const A& a, std::size_t index) const {
     using D = std::remove_cvref_t<A>;
-    if constexpr (detail::is_per_replica<D>::value || detail::is_mirrored<D>::value) {
+    if constexpr (detail::is_per_replica<D>::value || detail::is_mirrored<D>::value || detail::is_variable<D>::value) {
       if (a.size() != static_cast<std::size_t>(num_replicas_in_sync())) {
         throw shape_error("mirror::Strategy::run: argument " + std::to_string(index) + " has " +
                           std::to_string(a.size()) + " components but the strategy has " +
                           std::to_string(num_replicas_in_sync()) +
-                          " replicas; build it with one component per replica");
+                          " replicas; build it with one component per replica (a variable: make it with "
+                          "this strategy)");
       }
     }
   }

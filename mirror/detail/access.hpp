@@ -17,6 +17,9 @@ struct access {
   static Mirrored<T> mirrored(std::vector<T> copies) { return Mirrored<T>(std::move(copies)); }
   template <class T>
   static T&& unwrap(Synced<T>&& s) { return std::move(s.value_); }
+  /// Calls a constructor that only mirror may call (variables).
+  template <class V, class... A>
+  static V make(A&&... args) { return V(std::forward<A>(args)...); }
 };
 
 template <class T> struct is_synced : std::false_type {};

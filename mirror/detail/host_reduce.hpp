@@ -11,6 +11,7 @@
 #include <mirror/axis.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/segments.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <mirror/error.hpp>
 
@@ -43,6 +44,41 @@ void reduce_range(ReduceOp op, E* out, const std::vector<const E*>& in, std::siz
   std::copy(in[0] + begin, in[0] + end, out + begin);
   for (std::size_t r = 1; r < in.size(); ++r) combine_into(op, out + begin, in[r] + begin, end - begin);
   if (op == ReduceOp::mean) divide_all(out + begin, end - begin, in.size());
+}
+
+/// out = the element-wise reduction of the components (out starts as a copy of component 0).
+/// `parallel(bytes, body)` runs body(part, parts) over the parts it chooses; each part reduces
+/// its slice of every leaf in replica order, so the result does not depend on the split.
+template <class T, class Parallel>
+void reduce_components(ReduceOp op, std::span<const T> components, T& out, Parallel&& parallel, const char* api) {
+  check_component_shapes(components, api);
+  const std::size_t n = components.size();
+  std::vector<std::vector<const void*>> inputs;  // per leaf position, per replica
+  for (std::size_t r = 0; r < n; ++r) {
+    std::size_t k = 0;
+    for_each_leaf(
+        [&](const auto& l) {
+          if (r == 0) inputs.emplace_back(n);
+          inputs[k++][r] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).data();
+        },
+        components[r]);
+  }
+  std::size_t k = 0;
+  for_each_leaf(
+      [&](auto& o) {
+        using L = std::remove_cvref_t<decltype(o)>;
+        using E = leaf_element_t<L>;
+        require_host_element<E>();
+        const std::span<E> dst = leaf_traits<L>::elements(o);
+        std::vector<const E*> in(n);
+        for (std::size_t r = 0; r < n; ++r) in[r] = static_cast<const E*>(inputs[k][r]);
+        ++k;
+        parallel(dst.size() * n * sizeof(E), [&](int part, int parts) {
+          const auto [a, b] = chunk_of<E>(0, dst.size(), part, parts);
+          if (a < b) reduce_range(op, dst.data(), in, a, b);
+        });
+      },
+      out);
 }
 
 /// The axis0 result type: each leaf of rank >= 1 becomes its element type.

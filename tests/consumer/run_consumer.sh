@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Contract consumer, installed flavour: install this build into a temporary DESTDIR, then
-# build tests/consumer/contract.cpp outside the tree with nothing but
+# Contract consumers, installed flavour: install this build into a temporary DESTDIR, then
+# build every tests/consumer/contract*.cpp outside the tree with nothing but
 #   $CXX -std=c++20 -O1 contract.cpp $(pkg-config --cflags --libs mirror)
 # and run it. The exit code is the verdict.
 #
@@ -32,7 +32,10 @@ export PKG_CONFIG_SYSROOT_DIR="$destdir"
 flags=$(pkg-config --cflags --libs mirror)
 echo "pkg-config --cflags --libs mirror: $flags"
 
-# shellcheck disable=SC2086  # $cxx and $flags are word lists
-$cxx -std=c++20 -O1 "$src_dir/tests/consumer/contract.cpp" $flags -o "$tmp/contract"
-"$tmp/contract"
-echo "PASS: contract.cpp built with pkg-config mirror and ran"
+for program in "$src_dir"/tests/consumer/contract*.cpp; do
+  name=$(basename "$program" .cpp)
+  # shellcheck disable=SC2086  # $cxx and $flags are word lists
+  $cxx -std=c++20 -O1 "$program" $flags -o "$tmp/$name"
+  "$tmp/$name"
+  echo "PASS: $name.cpp built with pkg-config mirror and ran"
+done

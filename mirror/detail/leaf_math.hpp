@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Leaf-by-leaf arithmetic between two nests of one type, for variable updates. Shapes are
+// checked for every leaf before any element changes, so an update is applied whole or not at all.
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/type_name.hpp>
+#include <mirror/error.hpp>
+
+namespace mirror::detail {
+
+template <class T>
+void require_same_shape(const T& have, const T& given, const std::string& api) {
+  std::size_t k = 0;
+  for_each_leaf(
+      [&](const auto& a, const auto& b) {
+        using L = std::remove_cvref_t<decltype(a)>;
+        const std::size_t na = leaf_traits<L>::elements(a).size(), nb = leaf_traits<L>::elements(b).size();
+        if (na != nb) {
+          throw shape_error(api + ": leaf " + std::to_string(k) + " (" + type_name<L>() + ") of the value has " +
+                            std::to_string(nb) + " elements but the variable's has " + std::to_string(na) +
+                            "; a variable keeps its shape");
+        }
+        ++k;
+      },
+      have, given);
+}
+
+enum class update_kind { assign, add, sub };
+
+/// dst = src, dst += src or dst -= src, leaf by leaf (shapes already checked).
+template <class T>
+void apply_update(update_kind kind, T& dst, const T& src) {
+  for_each_leaf(
+      [&](auto& d, const auto& s) {
+        using L = std::remove_cvref_t<decltype(d)>;
+        using E = leaf_element_t<L>;
+        const auto out = leaf_traits<L>::elements(d);
+        const auto in = leaf_traits<L>::elements(s);
+        switch (kind) {
+          case update_kind::assign: std::copy(in.begin(), in.end(), out.begin()); break;
+          case update_kind::add:
+            for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<E>(out[i] + in[i]);
+            break;
+          case update_kind::sub:
+            for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<E>(out[i] - in[i]);
+            break;
+        }
+      },
+      dst, src);
+}
+
+/// x /= n leaf by leaf, in the element type.
+template <class T>
+void divide_leaves(T& x, std::size_t n) {
+  for_each_leaf(
+      [&](auto& l) {
+        const auto e = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
+        divide_all(e.data(), e.size(), n);
+      },
+      x);
+}
+
+template <class T>
+consteval bool all_leaves_own() {
+  return []<class... Ls>(type_list<Ls...>) { return (true && ... && !leaf_traits<Ls>::is_view); }(leaf_types_t<T>{});
+}
+
+template <class T>
+consteval bool all_leaves_floating() {
+  return []<class... Ls>(type_list<Ls...>) {
+    return (true && ... && std::is_floating_point_v<leaf_element_t<Ls>>);
+  }(leaf_types_t<T>{});
+}
+
+}  // namespace mirror::detail

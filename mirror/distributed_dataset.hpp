@@ -1,0 +1,410 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::DistributedDataset`: global batches split over replicas (`Strategy::distribute_dataset`),
+/// and `mirror::DatasetsFromFunction` (`Strategy::distribute_datasets_from_function`).
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#include <boost/hana/accessors.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/second.hpp>
+#include <mirror/concepts/nest.hpp>
+#include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/type_name.hpp>
+#include <mirror/error.hpp>
+#include <mirror/input_context.hpp>
+#include <mirror/matrix.hpp>
+#include <mirror/per_replica.hpp>
+
+namespace mirror {
+
+/// Options of `Strategy::distribute_dataset`.
+struct InputOptions {
+  /// Global batches the range is read ahead by, on a background thread (0: none). Use it when
+  /// producing a batch costs time (decoding, shuffling, a lazy view); the queue holds at most
+  /// this many batches.
+  int prefetch = 0;
+  friend bool operator==(const InputOptions&, const InputOptions&) = default;
+};
+
+namespace detail {
+
+/// TF's split of G rows over R replicas: the first G mod R replicas get one more row.
+/// Returns replica r's rows [first, first + count).
+constexpr std::pair<std::size_t, std::size_t> replica_rows(std::size_t global, int replicas, int r) noexcept {
+  const std::size_t n = static_cast<std::size_t>(replicas), i = static_cast<std::size_t>(r);
+  const std::size_t base = global / n, extra = global % n;
+  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
+
+// ---- batch leaves: things with a leading (row) dimension, and their views ----
+template <class L>
+struct batch_leaf : std::false_type {};
+template <class E, class A>
+struct batch_leaf<std::vector<E, A>> : std::true_type {
+  using view = std::span<const E>;
+  static std::size_t rows(const std::vector<E, A>& x) noexcept { return x.size(); }
+  static view slice(const std::vector<E, A>& x, std::size_t first, std::size_t n) noexcept {
+    return view(x).subspan(first, n);
+  }
+};
+template <class E, std::size_t X>
+struct batch_leaf<std::span<E, X>> : std::true_type {
+  using view = std::span<E>;
+  static std::size_t rows(const std::span<E, X>& x) noexcept { return x.size(); }
+  static view slice(const std::span<E, X>& x, std::size_t first, std::size_t n) noexcept {
+    return view(x).subspan(first, n);
+  }
+};
+template <class E>
+struct batch_leaf<matrix<E>> : std::true_type {
+  using view = matrix_view<const E>;
+  static std::size_t rows(const matrix<E>& x) noexcept { return x.rows(); }
+  static view slice(const matrix<E>& x, std::size_t first, std::size_t n) noexcept {
+    return x.view().subrows(first, n);
+  }
+};
+template <class E>
+struct batch_leaf<matrix_view<E>> : std::true_type {
+  using view = matrix_view<E>;
+  static std::size_t rows(const matrix_view<E>& x) noexcept { return x.rows(); }
+  static view slice(const matrix_view<E>& x, std::size_t first, std::size_t n) noexcept {
+    return x.subrows(first, n);
+  }
+};
+
+/// The per-replica type of a global batch type: each leaf becomes its view.
+template <class T>
+struct batch_view {
+  static auto pick() {
+    if constexpr (batch_leaf<T>::value) {
+      return std::type_identity<typename batch_leaf<T>::view>{};
+    } else if constexpr (is_hana_struct<T>) {
+      return std::type_identity<T>{};  // members must already be views (checked in is_batch)
+    } else if constexpr (is_std_tuple_like<T>::value) {
+      return []<template <class...> class Tpl, class... Ts>(std::type_identity<Tpl<Ts...>>) {
+        return std::type_identity<Tpl<typename batch_view<Ts>::type...>>{};
+      }(std::type_identity<T>{});
+    } else {
+      return std::type_identity<void>{};
+    }
+  }
+  using type = typename decltype(pick())::type;
+};
+template <class E, std::size_t N>
+struct batch_view<std::array<E, N>> {
+  using type = std::array<typename batch_view<E>::type, N>;
+};
+template <class T>
+using batch_view_t = typename batch_view<T>::type;
+
+template <class T>
+consteval bool is_batch() {
+  if constexpr (batch_leaf<T>::value) {
+    return true;
+  } else if constexpr (is_hana_struct<T>) {
+    bool ok = true;
+    boost::hana::for_each(boost::hana::accessors<T>(), [&](auto pair) {
+      using M = std::remove_cvref_t<decltype(boost::hana::second(pair)(std::declval<T&>()))>;
+      ok = ok && is_batch<M>() && std::is_same_v<batch_view_t<M>, M>;
+    });
+    return ok;
+  } else if constexpr (is_std_tuple_like<T>::value) {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (true && ... && is_batch<std::remove_cvref_t<std::tuple_element_t<I, T>>>());
+    }(std::make_index_sequence<std::tuple_size_v<T>>{});
+  } else {
+    return false;
+  }
+}
+
+/// Calls f(leaf_of_batch, leaf_of_view) over a batch and its view, in lockstep.
+template <class F, class B, class V>
+void for_each_batch_leaf(F&& f, const B& batch, V& view) {
+  if constexpr (batch_leaf<B>::value) {
+    f(batch, view);
+  } else if constexpr (is_hana_struct<B>) {
+    boost::hana::for_each(boost::hana::accessors<B>(), [&](auto pair) {
+      auto get = boost::hana::second(pair);
+      for_each_batch_leaf(f, get(batch), get(view));
+    });
+  } else {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (for_each_batch_leaf(f, std::get<I>(batch), std::get<I>(view)), ...);
+    }(std::make_index_sequence<std::tuple_size_v<B>>{});
+  }
+}
+
+/// The rows of a global batch; every leaf must have the same number.
+template <class B>
+std::size_t batch_rows(const B& batch) {
+  std::optional<std::size_t> rows;
+  std::size_t k = 0;
+  auto scratch = batch_view_t<B>{};
+  for_each_batch_leaf(
+      [&](const auto& leaf, auto&) {
+        using L = std::remove_cvref_t<decltype(leaf)>;
+        const std::size_t n = batch_leaf<L>::rows(leaf);
+        if (rows && *rows != n) {
+          throw shape_error("mirror::Strategy::distribute_dataset: leaf " + std::to_string(k) + " (" + type_name<L>() +
+                            ") of a global batch has " + std::to_string(n) + " rows but leaf 0 has " +
+                            std::to_string(*rows) + "; every leaf of a batch needs the same leading dimension");
+        }
+        rows = n;
+        ++k;
+      },
+      batch, scratch);
+  return rows.value_or(0);
+}
+
+/// Replica r's share of a global batch of G rows (views into it: no copy).
+template <class B>
+batch_view_t<B> split_batch(const B& batch, std::size_t global, int replicas, int r) {
+  const auto [first, count] = replica_rows(global, replicas, r);
+  batch_view_t<B> view{};
+  for_each_batch_leaf(
+      [&](const auto& leaf, auto& out) {
+        using L = std::remove_cvref_t<decltype(leaf)>;
+        out = batch_leaf<L>::slice(leaf, first, count);
+      },
+      batch, view);
+  return view;
+}
+
+/// A bounded queue filled by a background thread reading a range ahead (InputOptions::prefetch).
+template <class Value>
+class prefetcher {
+ public:
+  template <class Range>
+  prefetcher(Range& range, std::size_t depth) : depth_(depth) {
+    thread_ = std::thread([this, &range] {
+      try {
+        for (auto&& item : range) {
+          std::unique_lock lock(mutex_);
+          space_.wait(lock, [&] { return stop_ || queue_.size() < depth_; });
+          if (stop_) return;
+          if constexpr (std::is_pointer_v<Value>) {
+            queue_.emplace_back(&item);  // lvalue elements stay where they are
+          } else {
+            queue_.emplace_back(std::forward<decltype(item)>(item));
+          }
+          ready_.notify_one();
+        }
+      } catch (...) {
+        std::lock_guard lock(mutex_);
+        failure_ = std::current_exception();
+      }
+      std::lock_guard lock(mutex_);
+      done_ = true;
+      ready_.notify_one();
+    });
+  }
+  prefetcher(const prefetcher&) = delete;
+  prefetcher& operator=(const prefetcher&) = delete;
+  ~prefetcher() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    space_.notify_one();
+    thread_.join();
+  }
+  /// The next item, or nothing at the end; rethrows what the range threw.
+  std::optional<Value> next() {
+    std::unique_lock lock(mutex_);
+    ready_.wait(lock, [&] { return !queue_.empty() || done_; });
+    if (!queue_.empty()) {
+      std::optional<Value> v(std::move(queue_.front()));
+      queue_.pop_front();
+      space_.notify_one();
+      return v;
+    }
+    if (failure_) std::rethrow_exception(failure_);
+    return std::nullopt;
+  }
+
+ private:
+  std::size_t depth_;
+  std::mutex mutex_;
+  std::condition_variable ready_, space_;
+  std::deque<Value> queue_;
+  std::exception_ptr failure_;
+  bool done_ = false, stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace detail
+
+/// The range `Strategy::distribute_dataset(global_batches)` returns. Each element is a
+/// `PerReplica` of the per-replica views of one global batch (TF's split rule: of G rows, the
+/// first G mod R replicas get one more; a ragged last batch by the same rule on its own size;
+/// replicas left without rows get empty views). Iteration ends with the range, or at a global
+/// batch with no rows. An input range: iterate it once.
+template <class Range>
+class DistributedDataset {
+  using batch_type = std::remove_cvref_t<std::ranges::range_reference_t<Range>>;
+  static_assert(detail::is_batch<batch_type>(),
+                "mirror::Strategy::distribute_dataset(global_batches): each global batch must be a batch leaf "
+                "(std::vector<E>, std::span<E>, mirror::matrix<E>, mirror::matrix_view<E>) or a std::tuple, "
+                "std::pair or std::array of them, or a Hana struct whose members are views (std::span<const E>, "
+                "mirror::matrix_view<const E>)");
+  // Lvalue elements are viewed where they are; prvalue elements (a lazy view) are held.
+  static constexpr bool holds = !std::is_lvalue_reference_v<std::ranges::range_reference_t<Range>>;
+  using held_type = std::conditional_t<holds, batch_type, const batch_type*>;
+
+ public:
+  using value_type = PerReplica<detail::batch_view_t<batch_type>>;
+
+  DistributedDataset(Range range, int replicas, InputOptions options)
+      : range_(std::move(range)), replicas_(replicas), options_(options) {}
+
+  class iterator {
+   public:
+    using value_type = DistributedDataset::value_type;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    const value_type& operator*() const { return *current_; }
+    const value_type* operator->() const { return &*current_; }
+    iterator& operator++() {
+      advance();
+      return *this;
+    }
+    void operator++(int) { advance(); }
+    friend bool operator==(const iterator& it, std::default_sentinel_t) noexcept { return !it.current_; }
+
+   private:
+    friend class DistributedDataset;
+    explicit iterator(DistributedDataset* d) : d_(d) {
+      if (d_->options_.prefetch > 0) {
+        prefetch_ = std::make_unique<detail::prefetcher<held_type>>(d_->range_, static_cast<std::size_t>(d_->options_.prefetch));
+      } else {
+        it_ = std::ranges::begin(d_->range_);
+      }
+      advance();
+    }
+    std::optional<held_type> pull() {
+      if (prefetch_) return prefetch_->next();
+      if (*it_ == std::ranges::end(d_->range_)) return std::nullopt;
+      std::optional<held_type> v;
+      if constexpr (holds) {
+        v.emplace(**it_);
+      } else {
+        v.emplace(&**it_);
+      }
+      ++*it_;
+      return v;
+    }
+    void advance() {
+      current_.reset();
+      held_ = pull();
+      if (!held_) return;
+      const batch_type& batch = deref(*held_);
+      const std::size_t rows = detail::batch_rows(batch);
+      if (rows == 0) {
+        held_.reset();
+        return;
+      }
+      std::vector<detail::batch_view_t<batch_type>> parts;
+      parts.reserve(static_cast<std::size_t>(d_->replicas_));
+      for (int r = 0; r < d_->replicas_; ++r) parts.push_back(detail::split_batch(batch, rows, d_->replicas_, r));
+      current_.emplace(std::move(parts));
+    }
+    static const batch_type& deref(const held_type& h) {
+      if constexpr (holds) {
+        return h;
+      } else {
+        return *h;
+      }
+    }
+
+    DistributedDataset* d_ = nullptr;
+    std::optional<std::ranges::iterator_t<Range>> it_;
+    std::unique_ptr<detail::prefetcher<held_type>> prefetch_;
+    std::optional<held_type> held_;
+    std::optional<value_type> current_;
+  };
+
+  iterator begin() { return iterator(this); }
+  std::default_sentinel_t end() const noexcept { return {}; }
+
+ private:
+  Range range_;
+  int replicas_;
+  InputOptions options_;
+};
+
+/// The range `Strategy::distribute_datasets_from_function(fn)` returns: each step, every replica
+/// dequeues one batch from the function's range, in replica order; when the range runs out
+/// mid-step, the remaining replicas get an empty (value-initialised) batch, and iteration ends
+/// at the first step where no replica gets one.
+template <class Range>
+class DatasetsFromFunction {
+ public:
+  using batch_type = std::ranges::range_value_t<Range>;
+  using value_type = PerReplica<batch_type>;
+
+  DatasetsFromFunction(Range range, int replicas) : range_(std::move(range)), replicas_(replicas) {}
+
+  class iterator {
+   public:
+    using value_type = DatasetsFromFunction::value_type;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    const value_type& operator*() const { return *current_; }
+    const value_type* operator->() const { return &*current_; }
+    iterator& operator++() {
+      advance();
+      return *this;
+    }
+    void operator++(int) { advance(); }
+    friend bool operator==(const iterator& it, std::default_sentinel_t) noexcept { return !it.current_; }
+
+   private:
+    friend class DatasetsFromFunction;
+    explicit iterator(DatasetsFromFunction* d) : d_(d), it_(std::ranges::begin(d->range_)) { advance(); }
+    void advance() {
+      current_.reset();
+      std::vector<batch_type> parts;
+      parts.reserve(static_cast<std::size_t>(d_->replicas_));
+      bool any = false;
+      for (int r = 0; r < d_->replicas_; ++r) {
+        if (*it_ != std::ranges::end(d_->range_)) {
+          parts.push_back(**it_);
+          ++*it_;
+          any = true;
+        } else {
+          parts.push_back(batch_type{});
+        }
+      }
+      if (any) current_.emplace(std::move(parts));
+    }
+    DatasetsFromFunction* d_ = nullptr;
+    std::optional<std::ranges::iterator_t<Range>> it_;
+    std::optional<value_type> current_;
+  };
+
+  iterator begin() { return iterator(this); }
+  std::default_sentinel_t end() const noexcept { return {}; }
+
+ private:
+  Range range_;
+  int replicas_;
+};
+
+}  // namespace mirror

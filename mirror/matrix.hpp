@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::matrix<E>` and `mirror::matrix_view<E>`: 2-D row-major batch leaves
+/// (`[batch, features]`), so that `distribute_dataset` splits images by rows.
+
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#include <mirror/leaf_traits.hpp>
+
+namespace mirror {
+
+/// A view of `rows() x cols` elements, row-major: row i is `data[i * cols, (i + 1) * cols)`.
+/// As a nest leaf it is reduced element-wise, in place (like `std::span<E>`); as a batch leaf
+/// its leading dimension is the row.
+template <class E>
+struct matrix_view {
+  std::span<E> data;
+  std::size_t cols = 1;
+
+  std::size_t rows() const noexcept { return cols == 0 ? 0 : data.size() / cols; }
+  /// Rows [first, first + count).
+  matrix_view subrows(std::size_t first, std::size_t count) const noexcept {
+    return {data.subspan(first * cols, count * cols), cols};
+  }
+  E& operator()(std::size_t r, std::size_t c) const noexcept { return data[r * cols + c]; }
+  /// A read-only view of the same rows.
+  operator matrix_view<const E>() const noexcept { return {data, cols}; }
+};
+
+/// An owning `rows() x cols` row-major matrix. `distribute_dataset` hands replicas
+/// `matrix_view<const E>` slices of it (no copy).
+template <class E>
+struct matrix {
+  std::vector<E> data;
+  std::size_t cols = 1;
+
+  std::size_t rows() const noexcept { return cols == 0 ? 0 : data.size() / cols; }
+  matrix_view<E> view() noexcept { return {data, cols}; }
+  matrix_view<const E> view() const noexcept { return {data, cols}; }
+  E& operator()(std::size_t r, std::size_t c) noexcept { return data[r * cols + c]; }
+  const E& operator()(std::size_t r, std::size_t c) const noexcept { return data[r * cols + c]; }
+  friend bool operator==(const matrix&, const matrix&) = default;
+};
+
+template <class E>
+struct leaf_traits<matrix<E>, std::enable_if_t<std::is_arithmetic_v<E>>> {
+  static constexpr bool is_leaf = true;
+  using element_type = E;
+  static constexpr int rank = 2;
+  static constexpr bool is_view = false;
+  static constexpr bool resizable = true;
+  static std::span<E> elements(matrix<E>& x) noexcept { return x.data; }
+  static std::span<const E> elements(const matrix<E>& x) noexcept { return x.data; }
+  static void resize(matrix<E>& x, std::size_t n) { x.data.resize(n); }
+};
+
+template <class E>
+struct leaf_traits<matrix_view<E>, std::enable_if_t<std::is_arithmetic_v<E> && !std::is_const_v<E>>> {
+  static constexpr bool is_leaf = true;
+  using element_type = E;
+  static constexpr int rank = 2;
+  static constexpr bool is_view = true;
+  static constexpr bool resizable = false;
+  static std::span<E> elements(const matrix_view<E>& x) noexcept { return x.data; }
+};
+
+}  // namespace mirror

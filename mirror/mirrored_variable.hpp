@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::MirroredVariable<T>`: state kept equal on every replica, synchronised on write.
+
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#include <mirror/concepts/nest.hpp>
+#include <mirror/detail/access.hpp>
+#include <mirror/detail/leaf_math.hpp>
+#include <mirror/error.hpp>
+#include <mirror/synced.hpp>
+#include <mirror/variable_aggregation.hpp>
+
+namespace mirror {
+
+/// One copy of `T` per replica, always equal (TF's ON_WRITE `MirroredVariable`). Made by
+/// `Strategy::make_variable(init, aggregation)`; every copy starts as `init`. `T` is a nest of
+/// owning leaves: a whole model's parameters as one Hana struct is one variable, updated with
+/// one fused all-reduce.
+///
+/// **Cross-replica context** (outside `run`, or in a `merge_call` function): `value()` reads
+/// replica 0's copy; `assign`, `assign_add`, `assign_sub` and `update(fn, args...)` change every
+/// copy. **Replica context**: passed to `run`, `fn` receives a `MirroredVariable<T>::handle`
+/// (below) for its replica.
+///
+/// **Errors**: `shape_error` when a value's leaves differ in size from the variable's (nothing
+/// is changed).
+template <class T>
+class MirroredVariable {
+  static_assert(nest<T>, "mirror::MirroredVariable<T>: T must be a nest (mirror/concepts/nest.hpp)");
+  static_assert(detail::all_leaves_own<T>(),
+                "mirror::MirroredVariable<T>: a variable owns its copies; use owning leaves (std::vector, "
+                "std::array, mirror::matrix, scalars), not std::span or mirror::matrix_view");
+
+ public:
+  using value_type = T;
+
+  /// The variable as `fn` sees it on one replica, inside `run`.
+  ///
+  /// `assign(x)`, `assign_add(x)`, `assign_sub(x)` combine every replica's `x` with the
+  /// variable's aggregation (`sum`, `mean`: an all-reduce through the strategy's ops;
+  /// `only_first_replica`: replica 0's `x`) and apply the result once to every copy. With
+  /// `VariableAggregation::none` they throw `aggregation_error` on every replica and change
+  /// nothing (TF would silently update one copy and break the mirror).
+  ///
+  /// `update(fn, synced...)` calls `fn(T& copy, const U&...)` on this replica's copy, where every
+  /// argument is a `Synced<U>` — equal on every replica by construction — so the copies stay
+  /// equal with no further communication: the optimiser step after a gradient all-reduce.
+  template <class Context>
+  class handle {
+   public:
+    /// This replica's copy.
+    const T& value() const noexcept { return *copy_; }
+    const T& read() const noexcept { return *copy_; }
+    void assign(const T& x) { combine_and_apply(detail::update_kind::assign, x, "assign"); }
+    void assign_add(const T& x) { combine_and_apply(detail::update_kind::add, x, "assign_add"); }
+    void assign_sub(const T& x) { combine_and_apply(detail::update_kind::sub, x, "assign_sub"); }
+
+    template <class F, class... U>
+    void update(F&& fn, const U&... args) {
+      static_assert((detail::is_synced<U>::value && ...),
+                    "mirror::MirroredVariable::handle::update(fn, args...): every argument must be a "
+                    "Synced<U> (from ctx.all_reduce, ctx.broadcast or ctx.merge_call), so that every "
+                    "replica applies the same update; reduce per-replica values first");
+      fn(*copy_, *args...);
+    }
+
+   private:
+    handle(T& copy, VariableAggregation aggregation, Context& ctx) noexcept
+        : copy_(&copy), aggregation_(aggregation), ctx_(&ctx) {}
+    friend class MirroredVariable;
+
+    void combine_and_apply(detail::update_kind kind, const T& x, const char* api) {
+      const std::string where = std::string("mirror::MirroredVariable::") + api + " (replica " +
+                                std::to_string(ctx_->replica_id_in_sync_group()) + ")";
+      switch (aggregation_) {
+        case VariableAggregation::none:
+          throw aggregation_error(where + ": the variable's aggregation is none, so the replicas' values "
+                                  "cannot be combined; create it with VariableAggregation::sum, mean or "
+                                  "only_first_replica, update it outside run, or use update(fn, synced...)");
+        case VariableAggregation::sum: finish(kind, *ctx_->all_reduce(ReduceOp::sum, x), where); return;
+        case VariableAggregation::mean: finish(kind, *ctx_->all_reduce(ReduceOp::mean, x), where); return;
+        case VariableAggregation::only_first_replica: finish(kind, *ctx_->broadcast(x, 0), where); return;
+      }
+    }
+    void finish(detail::update_kind kind, const T& combined, const std::string& where) {
+      detail::require_same_shape(*copy_, combined, where);  // every replica sees the same value
+      detail::apply_update(kind, *copy_, combined);
+    }
+
+    T* copy_;
+    VariableAggregation aggregation_;
+    Context* ctx_;
+  };
+
+  VariableAggregation aggregation() const noexcept { return aggregation_; }
+  /// Replica 0's copy (all copies are equal).
+  const T& value() const noexcept { return copies_.front(); }
+  const T& read() const noexcept { return copies_.front(); }
+
+  /// Sets every copy to `x`.
+  void assign(const T& x) { update_all(detail::update_kind::assign, x, "assign"); }
+  /// Adds `x` to every copy.
+  void assign_add(const T& x) { update_all(detail::update_kind::add, x, "assign_add"); }
+  /// Subtracts `x` from every copy.
+  void assign_sub(const T& x) { update_all(detail::update_kind::sub, x, "assign_sub"); }
+  /// Calls `fn(T& copy, args...)` on every copy, in replica order.
+  template <class F, class... A>
+  void update(F&& fn, const A&... args) {
+    for (T& c : copies_) fn(c, args...);
+  }
+
+  /// The copies, in replica order (also `Strategy::local_results(variable)`).
+  std::size_t size() const noexcept { return copies_.size(); }
+  const T& operator[](std::size_t i) const noexcept { return copies_[i]; }
+  auto begin() const noexcept { return copies_.cbegin(); }
+  auto end() const noexcept { return copies_.cend(); }
+
+  /// The handle replica `r` receives in `run` (used by Strategy).
+  template <class Context>
+  handle<Context> handle_for(int r, Context& ctx) noexcept {
+    return handle<Context>(copies_[static_cast<std::size_t>(r)], aggregation_, ctx);
+  }
+
+ private:
+  MirroredVariable(const T& init, int replicas, VariableAggregation aggregation)
+      : copies_(static_cast<std::size_t>(replicas), init), aggregation_(aggregation) {
+    if constexpr (!detail::all_leaves_floating<T>()) {
+      if (aggregation == VariableAggregation::mean) {
+        throw aggregation_error(
+            "mirror::Strategy::make_variable: VariableAggregation::mean needs floating-point leaves (an integer "
+            "mean would truncate every update); use sum, only_first_replica, or a floating-point type");
+      }
+    }
+  }
+  friend struct detail::access;
+
+  void update_all(detail::update_kind kind, const T& x, const char* api) {
+    detail::require_same_shape(copies_.front(), x, std::string("mirror::MirroredVariable::") + api);
+    for (T& c : copies_) detail::apply_update(kind, c, x);
+  }
+
+  std::vector<T> copies_;
+  VariableAggregation aggregation_;
+};
+
+}  // namespace mirror

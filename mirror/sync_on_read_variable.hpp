@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::SyncOnReadVariable<T>`: per-replica state, aggregated when read across replicas.
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#include <mirror/concepts/nest.hpp>
+#include <mirror/detail/access.hpp>
+#include <mirror/detail/host_reduce.hpp>
+#include <mirror/detail/leaf_math.hpp>
+#include <mirror/error.hpp>
+#include <mirror/variable_aggregation.hpp>
+
+namespace mirror {
+
+/// One copy of `T` per replica that each replica writes on its own (TF's ON_READ variable:
+/// metrics, batch-norm statistics). Made by `Strategy::make_sync_on_read_variable(init,
+/// aggregation)`; every copy starts as `init`.
+///
+/// **Replica context**: the handle `fn` receives reads and writes only its replica's copy, with
+/// no communication. **Cross-replica context**: `value()` aggregates the copies (`sum`, `mean`:
+/// reduced in replica order; `only_first_replica`: replica 0's copy; `none`:
+/// `aggregation_error`). `assign(v)` stores `v / N` in each copy for `sum` (so the summed read
+/// gives `v`) and `v` otherwise; `assign_add` / `assign_sub` change every copy, and are an
+/// `aggregation_error` for `sum` (TF's rule: the read would change by N times the value).
+template <class T>
+class SyncOnReadVariable {
+  static_assert(nest<T>, "mirror::SyncOnReadVariable<T>: T must be a nest (mirror/concepts/nest.hpp)");
+  static_assert(detail::all_leaves_own<T>(),
+                "mirror::SyncOnReadVariable<T>: a variable owns its copies; use owning leaves (std::vector, "
+                "std::array, mirror::matrix, scalars), not std::span or mirror::matrix_view");
+
+ public:
+  using value_type = T;
+
+  /// The variable as `fn` sees it on one replica: its own copy, read and written locally.
+  class handle {
+   public:
+    const T& value() const noexcept { return *copy_; }
+    const T& read() const noexcept { return *copy_; }
+    void assign(const T& x) { apply(detail::update_kind::assign, x, "assign"); }
+    void assign_add(const T& x) { apply(detail::update_kind::add, x, "assign_add"); }
+    void assign_sub(const T& x) { apply(detail::update_kind::sub, x, "assign_sub"); }
+
+   private:
+    explicit handle(T& copy) noexcept : copy_(&copy) {}
+    friend class SyncOnReadVariable;
+    void apply(detail::update_kind kind, const T& x, const char* api) {
+      detail::require_same_shape(*copy_, x, std::string("mirror::SyncOnReadVariable::handle::") + api);
+      detail::apply_update(kind, *copy_, x);
+    }
+    T* copy_;
+  };
+
+  VariableAggregation aggregation() const noexcept { return aggregation_; }
+
+  /// The aggregated value (see the class comment).
+  T value() const {
+    switch (aggregation_) {
+      case VariableAggregation::none:
+        throw aggregation_error(
+            "mirror::SyncOnReadVariable::value in cross-replica context: the aggregation is none, so the "
+            "copies cannot be combined; create it with sum, mean or only_first_replica, or read the copies "
+            "with local_results");
+      case VariableAggregation::only_first_replica: return copies_.front();
+      case VariableAggregation::sum: return reduced(ReduceOp::sum);
+      case VariableAggregation::mean: return reduced(ReduceOp::mean);
+    }
+    return copies_.front();
+  }
+  T read() const { return value(); }
+
+  void assign(const T& v) {
+    detail::require_same_shape(copies_.front(), v, "mirror::SyncOnReadVariable::assign");
+    T each = v;
+    if (aggregation_ == VariableAggregation::sum) detail::divide_leaves(each, copies_.size());
+    for (T& c : copies_) detail::apply_update(detail::update_kind::assign, c, each);
+  }
+  void assign_add(const T& v) { add_to_all(detail::update_kind::add, v, "assign_add"); }
+  void assign_sub(const T& v) { add_to_all(detail::update_kind::sub, v, "assign_sub"); }
+
+  /// The copies, in replica order (also `Strategy::local_results(variable)`).
+  std::size_t size() const noexcept { return copies_.size(); }
+  const T& operator[](std::size_t i) const noexcept { return copies_[i]; }
+  auto begin() const noexcept { return copies_.cbegin(); }
+  auto end() const noexcept { return copies_.cend(); }
+
+  /// The handle replica `r` receives in `run` (used by Strategy).
+  template <class Context>
+  handle handle_for(int r, Context&) noexcept {
+    return handle(copies_[static_cast<std::size_t>(r)]);
+  }
+
+ private:
+  SyncOnReadVariable(const T& init, int replicas, VariableAggregation aggregation)
+      : copies_(static_cast<std::size_t>(replicas), init), aggregation_(aggregation) {}
+  friend struct detail::access;
+
+  T reduced(ReduceOp op) const {
+    T out = copies_.front();
+    detail::reduce_components(op, std::span<const T>(copies_), out,
+                              [](std::size_t, auto&& body) { body(0, 1); }, "SyncOnReadVariable::value");
+    return out;
+  }
+  void add_to_all(detail::update_kind kind, const T& v, const char* api) {
+    if (aggregation_ == VariableAggregation::sum) {
+      throw aggregation_error(std::string("mirror::SyncOnReadVariable::") + api +
+                              " in cross-replica context with VariableAggregation::sum: the summed read would "
+                              "change by N times the value; use assign, or update the copies inside run");
+    }
+    detail::require_same_shape(copies_.front(), v, std::string("mirror::SyncOnReadVariable::") + api);
+    for (T& c : copies_) detail::apply_update(kind, c, v);
+  }
+
+  std::vector<T> copies_;
+  VariableAggregation aggregation_;
+};
+
+}  // namespace mirror

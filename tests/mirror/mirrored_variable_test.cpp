@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// mirror/mirrored_variable.hpp: TF's ON_WRITE rules (tf_semantics.md 1.8-1.9), with mirror's
+// fix for aggregation none, and nothing half-applied on a rejected update.
+
+#include <catch2/catch.hpp>
+#include <vector>
+#include <mirror/mirror.hpp>
+
+using mirror::ReduceOp;
+using mirror::VariableAggregation;
+using S = mirror::Strategy<mirror::devices::Threads>;
+
+namespace {
+struct Params {
+  BOOST_HANA_DEFINE_STRUCT(Params, (std::vector<float>, w), (std::array<double, 2>, b), (float, scale));
+};
+template <class V>
+void require_all_copies(const V& v, const typename V::value_type& expected) {
+  for (const auto& c : S::local_results(v)) REQUIRE(c == expected);
+}
+}  // namespace
+
+TEST_CASE("every copy starts as the initial value", "[variables][mirrored]") {
+  S s{{.replicas = 3}};
+  auto v = s.make_variable(std::vector<int>{1, 2, 3});
+  REQUIRE(v.size() == 3);
+  require_all_copies(v, {1, 2, 3});
+  REQUIRE(v.aggregation() == VariableAggregation::none);
+}
+
+TEST_CASE("replica-context updates are combined with the aggregation and applied to every copy", "[variables][mirrored]") {
+  S s{{.replicas = 4}};
+  // replica r adds r + 1: sum 10, mean 2.5, only_first 1
+  const std::pair<VariableAggregation, float> cases[] = {
+      {VariableAggregation::sum, 10.0f}, {VariableAggregation::mean, 2.5f}, {VariableAggregation::only_first_replica, 1.0f}};
+  for (const auto& [agg, delta] : cases) {
+    CAPTURE(mirror::to_string(agg));
+    auto v = s.make_variable(1.0f, agg);
+    s.run([](auto& ctx, auto& var) { var.assign_add(float(ctx.replica_id_in_sync_group() + 1)); }, v);
+    require_all_copies(v, 1.0f + delta);
+    s.run([](auto& ctx, auto& var) { var.assign_sub(float(ctx.replica_id_in_sync_group() + 1)); }, v);
+    require_all_copies(v, 1.0f);
+    s.run([](auto& ctx, auto& var) { var.assign(float(ctx.replica_id_in_sync_group() + 1)); }, v);
+    require_all_copies(v, delta);
+  }
+}
+
+TEST_CASE("a nest variable (a model's parameters) is updated with one fused all-reduce", "[variables][mirrored]") {
+  S s{{.replicas = 3}};
+  auto v = s.make_variable(Params{{1, 1, 1}, {0, 0}, 2.0f}, VariableAggregation::mean);
+  const auto seen = s.run(
+      [](auto& ctx, auto& p) {
+        const float r = float(ctx.replica_id_in_sync_group());
+        p.assign_add(Params{{r, 2 * r, 3 * r}, {r, -r}, 0.0f});
+        return p.value().w;  // every replica sees the updated copy at once
+      },
+      v);
+  const Params expected{{2, 3, 4}, {1, -1}, 2.0f};
+  for (const auto& c : S::local_results(v)) {
+    REQUIRE(c.w == expected.w);
+    REQUIRE(c.b == expected.b);
+    REQUIRE(c.scale == expected.scale);
+  }
+  for (const auto& w : seen) REQUIRE(w == expected.w);
+}
+
+TEST_CASE("aggregation none rejects replica-context updates on every replica and changes nothing", "[variables][mirrored][errors]") {
+  // TF (>= 2.4) silently updates only the local copy, which breaks the mirror invariant.
+  S s{{.replicas = 3}};
+  auto v = s.make_variable(std::vector<float>{5, 5});
+  REQUIRE_THROWS_WITH(s.run([](auto& ctx, auto& var) { var.assign_add({float(ctx.replica_id_in_sync_group()), 0}); }, v),
+                      Catch::Contains("aggregation is none") && Catch::Contains("VariableAggregation::sum"));
+  require_all_copies(v, {5, 5});
+  // cross-replica updates are fine with none
+  v.assign_add({1, 2});
+  require_all_copies(v, {6, 7});
+}
+
+TEST_CASE("an update of the wrong shape is a shape_error and changes nothing", "[variables][mirrored][errors]") {
+  S s{{.replicas = 2}};
+  auto v = s.make_variable(std::vector<float>{1, 2}, VariableAggregation::sum);
+  REQUIRE_THROWS_AS(s.run([](auto&, auto& var) { var.assign_add({1, 2, 3}); }, v), mirror::shape_error);
+  require_all_copies(v, {1, 2});
+  REQUIRE_THROWS_AS(v.assign(std::vector<float>{1}), mirror::shape_error);
+  require_all_copies(v, {1, 2});
+}
+
+TEST_CASE("mean aggregation needs floating-point leaves (TF's creation rule)", "[variables][mirrored][errors]") {
+  S s{{.replicas = 2}};
+  REQUIRE_THROWS_AS(s.make_variable(std::vector<int>{1}, VariableAggregation::mean), mirror::aggregation_error);
+  REQUIRE_NOTHROW(s.make_variable(std::vector<int>{1}, VariableAggregation::sum));
+}
+
+TEST_CASE("update(fn, synced...) applies one update to every copy without communicating", "[variables][mirrored]") {
+  S s{{.replicas = 4}};
+  struct State {
+    BOOST_HANA_DEFINE_STRUCT(State, (std::vector<float>, w), (std::vector<float>, velocity));
+  };
+  auto state = s.make_variable(State{{1, 1}, {0, 0}});
+  for (int step = 0; step < 3; ++step) {
+    s.run(
+        [](auto& ctx, auto& st) {
+          std::vector<float> grad{float(ctx.replica_id_in_sync_group()), 1.0f};
+          const auto g = ctx.all_reduce(ReduceOp::mean, std::span<float>(grad));
+          st.update(
+              [](State& x, std::span<float> mean_grad) {
+                for (std::size_t i = 0; i < 2; ++i) {
+                  x.velocity[i] = 0.5f * x.velocity[i] + mean_grad[i];
+                  x.w[i] -= 0.1f * x.velocity[i];
+                }
+              },
+              g);
+        },
+        state);
+  }
+  // serial reference: mean grad (1.5, 1)
+  std::vector<float> w{1, 1}, vel{0, 0};
+  const float g[2] = {1.5f, 1.0f};
+  for (int step = 0; step < 3; ++step) {
+    for (int i = 0; i < 2; ++i) {
+      vel[i] = 0.5f * vel[i] + g[i];
+      w[i] -= 0.1f * vel[i];
+    }
+  }
+  for (const auto& c : S::local_results(state)) {
+    REQUIRE(c.w == w);
+    REQUIRE(c.velocity == vel);
+  }
+}
+
+TEST_CASE("a variable made by another strategy is rejected before any replica runs", "[variables][errors]") {
+  S three{{.replicas = 3}}, two{{.replicas = 2}};
+  auto v = three.make_variable(1.0f, VariableAggregation::sum);
+  REQUIRE_THROWS_WITH(two.run([](auto&, auto& var) { var.assign_add(1.0f); }, v), Catch::Contains("3 components"));
+  require_all_copies(v, 1.0f);
+}
