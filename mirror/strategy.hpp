@@ -297,7 +297,8 @@ class Strategy {
 
   template <class F, class... Args>
   static decltype(auto) call_fn(F& fn, context_type& ctx, int r, Args&... args) {
-    std::tuple<detail::held_t<Args&, context_type>...> held(detail::hold_for_replica(args, r, ctx)...);
+    [[maybe_unused]] std::tuple<detail::held_t<Args&, context_type>...> held(detail::hold_for_replica(args, r, ctx)...);
+    (void)r;  // unused when fn takes no arguments
     if constexpr (std::is_invocable_v<F&, context_type&, detail::passed_t<Args&, context_type>...>) {
       return std::apply([&](auto&... h) -> decltype(auto) { return fn(ctx, h...); }, held);
     } else if constexpr (std::is_invocable_v<F&, detail::passed_t<Args&, context_type>...>) {
