@@ -45,10 +45,12 @@ class runtime {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     // Spinning only pays when every replica has a core; oversubscribed, a spinner steals the
     // time slice of the replica it waits for.
-    if (static_cast<unsigned>(n_) <= cores) {
-      lot_.configure(4000, 8);
-    } else {
-      lot_.configure(32, 2);
+    for (parking_lot* lot : {&job_lot_, &done_lot_, &barrier_lot_}) {
+      if (static_cast<unsigned>(n_) <= cores) {
+        lot->configure(4000, 8);
+      } else {
+        lot->configure(32, 2);
+      }
     }
     replica_ = std::make_unique<per_replica[]>(static_cast<std::size_t>(n_));
     slots_ = std::make_unique<slot[]>(2 * static_cast<std::size_t>(n_));
@@ -62,7 +64,7 @@ class runtime {
   ~runtime() {
     stop_.store(true, std::memory_order_release);
     job_seq_.fetch_add(1, std::memory_order_acq_rel);
-    lot_.wake();
+    job_lot_.wake();
     for (auto& w : workers_) w.join();
   }
 
@@ -81,16 +83,16 @@ class runtime {
     job_arg_ = static_cast<void*>(std::addressof(f));
     pending_.store(n_ - 1, std::memory_order_relaxed);
     job_seq_.fetch_add(1, std::memory_order_acq_rel);
-    lot_.wake();
+    job_lot_.wake();
     run_one(0);
-    lot_.wait([&] { return pending_.load(std::memory_order_acquire) == 0; });
+    done_lot_.wait([&] { return pending_.load(std::memory_order_acquire) == 0; });
   }
 
   /// Makes every waiting and later exchange/barrier of the current parallel call throw
   /// detail::collective_cancelled.
   void cancel() {
     cancelled_.store(true, std::memory_order_release);
-    lot_.wake();
+    barrier_lot_.wake();
   }
 
   /// All-gather of `payload` and a barrier.
@@ -167,18 +169,22 @@ class runtime {
     current = this;
     job_(job_arg_, r);
     current = outer;
-    replica_[static_cast<std::size_t>(r)].finished.store(true, std::memory_order_release);
-    lot_.wake();  // a replica waiting in a barrier may now know r will never arrive
+    replica_[static_cast<std::size_t>(r)].finished.store(true, std::memory_order_seq_cst);
+    // A replica waiting in a barrier may now know r will never arrive. Normally nobody waits
+    // when a replica finishes (every barrier it reached has opened), so skip the wake-up; the
+    // seq_cst pair with arrive()'s fetch_add means a waiter either is counted here or sees
+    // `finished` before it parks.
+    if (arrived_.load(std::memory_order_seq_cst) != 0) barrier_lot_.wake();
   }
 
   void work(int r) {
     std::uint64_t seen = 0;
     for (;;) {
-      lot_.wait([&] { return job_seq_.load(std::memory_order_acquire) != seen; });
+      job_lot_.wait([&] { return job_seq_.load(std::memory_order_acquire) != seen; });
       seen = job_seq_.load(std::memory_order_acquire);
       if (stop_.load(std::memory_order_acquire)) return;
       run_one(r);
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) lot_.wake();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_lot_.wake();
     }
   }
 
@@ -201,20 +207,20 @@ class runtime {
     if (cancelled_.load(std::memory_order_acquire)) throw detail::collective_cancelled{};
     const std::uint64_t g = generation_.load(std::memory_order_acquire);
     me.arrived_at.store(g + 1, std::memory_order_relaxed);
-    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+    if (arrived_.fetch_add(1, std::memory_order_seq_cst) + 1 == n_) {
       arrived_.store(0, std::memory_order_relaxed);
       generation_.store(g + 1, std::memory_order_release);
-      lot_.wake();
+      barrier_lot_.wake();
       return;
     }
     auto some_finished = [&] {
       for (int r = 0; r < n_; ++r) {
-        if (replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_acquire)) return true;
+        if (replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_seq_cst)) return true;
       }
       return false;
     };
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    const bool woke = lot_.wait(
+    const bool woke = barrier_lot_.wait(
         [&] {
           return generation_.load(std::memory_order_acquire) != g || cancelled_.load(std::memory_order_acquire) ||
                  some_finished();
@@ -247,7 +253,10 @@ class runtime {
 
   const int n_;
   const std::chrono::milliseconds timeout_;
-  parking_lot lot_;
+  // Separate lots, so that an event wakes only the threads waiting for it: idle workers (a new
+  // job), the caller (all done), replicas in a barrier (it opened, was cancelled, or a replica
+  // finished without reaching it).
+  parking_lot job_lot_, done_lot_, barrier_lot_;
   std::unique_ptr<per_replica[]> replica_;
   std::unique_ptr<slot[]> slots_;
   std::vector<std::thread> workers_;
