@@ -187,6 +187,28 @@ batch_view_t<B> split_batch(const B& batch, std::size_t global, int replicas, in
   return view;
 }
 
+/// The input-iterator interface of both dataset ranges: Derived::advance() computes the next
+/// step into `current_` (left empty at the end).
+template <class Derived, class Value>
+class step_iterator {
+ public:
+  using value_type = Value;
+  using difference_type = std::ptrdiff_t;
+  const Value& operator*() const { return *current_; }
+  const Value* operator->() const { return &*current_; }
+  Derived& operator++() {
+    static_cast<Derived*>(this)->advance();
+    return static_cast<Derived&>(*this);
+  }
+  void operator++(int) { ++*this; }
+  friend bool operator==(const Derived& it, std::default_sentinel_t) noexcept {
+    return !static_cast<const step_iterator&>(it).current_;
+  }
+
+ protected:
+  std::optional<Value> current_;
+};
+
 /// A bounded queue filled by a background thread reading a range ahead (InputOptions::prefetch).
 template <class Value>
 class prefetcher {
@@ -274,19 +296,9 @@ class DistributedDataset {
   DistributedDataset(Range range, int replicas, InputOptions options)
       : range_(std::move(range)), replicas_(replicas), options_(options) {}
 
-  class iterator {
+  class iterator : public detail::step_iterator<iterator, value_type> {
    public:
-    using value_type = DistributedDataset::value_type;
-    using difference_type = std::ptrdiff_t;
     iterator() = default;
-    const value_type& operator*() const { return *current_; }
-    const value_type* operator->() const { return &*current_; }
-    iterator& operator++() {
-      advance();
-      return *this;
-    }
-    void operator++(int) { advance(); }
-    friend bool operator==(const iterator& it, std::default_sentinel_t) noexcept { return !it.current_; }
 
    private:
     friend class DistributedDataset;
@@ -311,7 +323,7 @@ class DistributedDataset {
       return v;
     }
     void advance() {
-      current_.reset();
+      this->current_.reset();
       held_ = pull();
       if (!held_) return;
       const batch_type& batch = deref(*held_);
@@ -323,7 +335,7 @@ class DistributedDataset {
       std::vector<detail::batch_view_t<batch_type>> parts;
       parts.reserve(static_cast<std::size_t>(d_->replicas_));
       for (int r = 0; r < d_->replicas_; ++r) parts.push_back(detail::split_batch(batch, rows, d_->replicas_, r));
-      current_.emplace(std::move(parts));
+      this->current_.emplace(std::move(parts));
     }
     static const batch_type& deref(const held_type& h) {
       if constexpr (holds) {
@@ -333,11 +345,11 @@ class DistributedDataset {
       }
     }
 
+    friend detail::step_iterator<iterator, value_type>;
     DistributedDataset* d_ = nullptr;
     std::optional<std::ranges::iterator_t<Range>> it_;
     std::unique_ptr<detail::prefetcher<held_type>> prefetch_;
     std::optional<held_type> held_;
-    std::optional<value_type> current_;
   };
 
   iterator begin() { return iterator(this); }
@@ -361,25 +373,15 @@ class DatasetsFromFunction {
 
   DatasetsFromFunction(Range range, int replicas) : range_(std::move(range)), replicas_(replicas) {}
 
-  class iterator {
+  class iterator : public detail::step_iterator<iterator, value_type> {
    public:
-    using value_type = DatasetsFromFunction::value_type;
-    using difference_type = std::ptrdiff_t;
     iterator() = default;
-    const value_type& operator*() const { return *current_; }
-    const value_type* operator->() const { return &*current_; }
-    iterator& operator++() {
-      advance();
-      return *this;
-    }
-    void operator++(int) { advance(); }
-    friend bool operator==(const iterator& it, std::default_sentinel_t) noexcept { return !it.current_; }
 
    private:
     friend class DatasetsFromFunction;
     explicit iterator(DatasetsFromFunction* d) : d_(d), it_(std::ranges::begin(d->range_)) { advance(); }
     void advance() {
-      current_.reset();
+      this->current_.reset();
       std::vector<batch_type> parts;
       parts.reserve(static_cast<std::size_t>(d_->replicas_));
       bool any = false;
@@ -392,11 +394,11 @@ class DatasetsFromFunction {
           parts.push_back(batch_type{});
         }
       }
-      if (any) current_.emplace(std::move(parts));
+      if (any) this->current_.emplace(std::move(parts));
     }
+    friend detail::step_iterator<iterator, value_type>;
     DatasetsFromFunction* d_ = nullptr;
     std::optional<std::ranges::iterator_t<Range>> it_;
-    std::optional<value_type> current_;
   };
 
   iterator begin() { return iterator(this); }

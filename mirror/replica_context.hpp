@@ -65,16 +65,7 @@ class ReplicaContext {
                                                             static_cast<int>(op), sizes);
     const detail::collective_header* pending = &header;
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
-      constexpr std::size_t KE = detail::leaf_count<N, E>();
-      std::array<std::span<E>, KE> leaves{};
-      std::size_t i = 0;
-      detail::for_each_leaf(
-          [&](auto& l) {
-            using L = std::remove_cvref_t<decltype(l)>;
-            if constexpr (std::is_same_v<leaf_element_t<L>, E>) leaves[i++] = leaf_traits<L>::elements(l);
-          },
-          result);
-      strategy_->template all_reduce_leaves<E>(self_, op, leaves, pending);
+      strategy_->template all_reduce_leaves<E>(self_, op, detail::leaves_of<E>(result), pending);
       pending = nullptr;
     });
     return detail::access::synced(std::move(result));
@@ -121,16 +112,7 @@ class ReplicaContext {
           result);
     }
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
-      constexpr std::size_t KE = detail::leaf_count<N, E>();
-      std::array<std::span<E>, KE> leaves{};
-      std::size_t i = 0;
-      detail::for_each_leaf(
-          [&](auto& l) {
-            using L = std::remove_cvref_t<decltype(l)>;
-            if constexpr (std::is_same_v<leaf_element_t<L>, E>) leaves[i++] = leaf_traits<L>::elements(l);
-          },
-          result);
-      strategy_->template broadcast_leaves<E>(self_, from, leaves);
+      strategy_->template broadcast_leaves<E>(self_, from, detail::leaves_of<E>(result));
     });
     return detail::access::synced(std::move(result));
   }

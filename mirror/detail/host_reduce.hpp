@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -17,24 +18,36 @@
 
 namespace mirror::detail {
 
+/// Where two nests of one type first differ in a leaf's size.
+struct shape_mismatch {
+  std::size_t leaf, first, second;
+  std::string leaf_type;
+};
+template <class T>
+std::optional<shape_mismatch> first_shape_mismatch(const T& a, const T& b) {
+  std::optional<shape_mismatch> found;
+  std::size_t k = 0;
+  for_each_leaf(
+      [&](const auto& x, const auto& y) {
+        using L = std::remove_cvref_t<decltype(x)>;
+        const std::size_t nx = leaf_traits<L>::elements(x).size(), ny = leaf_traits<L>::elements(y).size();
+        if (nx != ny && !found) found = shape_mismatch{k, nx, ny, type_name<L>()};
+        ++k;
+      },
+      a, b);
+  return found;
+}
+
 /// Throws shape_error unless every component's leaf k has component 0's size.
 template <class T>
 void check_component_shapes(std::span<const T> components, const char* api) {
   for (std::size_t r = 1; r < components.size(); ++r) {
-    std::size_t k = 0;
-    for_each_leaf(
-        [&](const auto& a, const auto& b) {
-          using L = std::remove_cvref_t<decltype(a)>;
-          const std::size_t na = leaf_traits<L>::elements(a).size(), nb = leaf_traits<L>::elements(b).size();
-          if (na != nb) {
-            throw shape_error(std::string("mirror::Strategy::") + api + ": shape mismatch at leaf " +
-                              std::to_string(k) + " (" + type_name<L>() + "): " + std::to_string(nb) +
-                              " elements on replica " + std::to_string(r) + " but " + std::to_string(na) +
-                              " on replica 0; every replica's value must have the same shape");
-          }
-          ++k;
-        },
-        components[0], components[r]);
+    if (const auto m = first_shape_mismatch(components[0], components[r])) {
+      throw shape_error(std::string("mirror::Strategy::") + api + ": shape mismatch at leaf " +
+                        std::to_string(m->leaf) + " (" + m->leaf_type + "): " + std::to_string(m->second) +
+                        " elements on replica " + std::to_string(r) + " but " + std::to_string(m->first) +
+                        " on replica 0; every replica's value must have the same shape");
+    }
   }
 }
 

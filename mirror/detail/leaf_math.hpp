@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 #include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/host_reduce.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <mirror/error.hpp>
@@ -16,19 +17,11 @@ namespace mirror::detail {
 
 template <class T>
 void require_same_shape(const T& have, const T& given, const std::string& api) {
-  std::size_t k = 0;
-  for_each_leaf(
-      [&](const auto& a, const auto& b) {
-        using L = std::remove_cvref_t<decltype(a)>;
-        const std::size_t na = leaf_traits<L>::elements(a).size(), nb = leaf_traits<L>::elements(b).size();
-        if (na != nb) {
-          throw shape_error(api + ": leaf " + std::to_string(k) + " (" + type_name<L>() + ") of the value has " +
-                            std::to_string(nb) + " elements but the variable's has " + std::to_string(na) +
-                            "; a variable keeps its shape");
-        }
-        ++k;
-      },
-      have, given);
+  if (const auto m = first_shape_mismatch(have, given)) {
+    throw shape_error(api + ": leaf " + std::to_string(m->leaf) + " (" + m->leaf_type + ") of the value has " +
+                      std::to_string(m->second) + " elements but the variable's has " + std::to_string(m->first) +
+                      "; a variable keeps its shape");
+  }
 }
 
 enum class update_kind { assign, add, sub };

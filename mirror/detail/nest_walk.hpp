@@ -9,7 +9,9 @@
 #include <boost/hana/length.hpp>
 #include <boost/hana/second.hpp>
 #include <boost/hana/unpack.hpp>
+#include <array>
 #include <cstddef>
+#include <span>
 #include <mirror/concepts/nest.hpp>
 #include <tuple>
 #include <type_traits>
@@ -152,6 +154,21 @@ constexpr std::size_t leaf_count() {
 template <class... Ts, class F>
 constexpr void for_each_type(type_list<Ts...>, F&& f) {
   (f.template operator()<Ts>(), ...);
+}
+
+/// The elements of every leaf of element type E in a nest, in traversal order (one fused
+/// collective per element type walks these).
+template <class E, class N>
+std::array<std::span<E>, leaf_count<N, E>()> leaves_of(N& nest) {
+  std::array<std::span<E>, leaf_count<N, E>()> out{};
+  std::size_t i = 0;
+  for_each_leaf(
+      [&](auto& l) {
+        using L = std::remove_cvref_t<decltype(l)>;
+        if constexpr (std::is_same_v<leaf_element_t<L>, E>) out[i++] = leaf_traits<L>::elements(l);
+      },
+      nest);
+  return out;
 }
 
 }  // namespace mirror::detail
