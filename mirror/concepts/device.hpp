@@ -35,6 +35,15 @@
 /// **Laws.** `exchange` returns the same span contents on every replica; `copy` then `combine`
 /// are equivalent to the host loop `p[i] = p[i] op q[i]` in element order.
 ///
+/// **Devices without shared memory, and devices across processes.** Payloads of `exchange`
+/// are copied by value, so a runtime may carry them between processes (an all-gather); the
+/// pointer arrays the generic policies exchange are only read on the replica's own process.
+/// A device that wraps a local one across processes (`devices::Cluster<Local>`, multi-worker)
+/// keeps the local runtime for the local phase and pairs with a hierarchical ops policy (local
+/// reduce, one cross-process all-reduce per step, local broadcast) rather than running the
+/// single-process policies over the network: `cross_device_ops<Ops, Device>` is checked per
+/// pair, so an unsupported pair is a compile error, not a slow path.
+///
 /// **Models.** `mirror::devices::Threads` (`backends/threads/threads_device.hpp`);
 /// `mirror::test::FakeDevice` (`tests/support/fake_device.hpp`, buffers reachable only by copy).
 
