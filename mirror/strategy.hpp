@@ -127,7 +127,9 @@ class Strategy {
   /// `fn` may take the replica context first (`[](auto& ctx, ...)`); it is passed exactly when
   /// `fn(ctx, args...)` is well-formed. Replica i receives component i of a `PerReplica`
   /// argument (as `T&` for a non-const lvalue, else `const T&`), its copy of a `Mirrored`
-  /// argument (`const T&`), and every other argument itself, shared, as `const&`.
+  /// argument (`const T&`), a replica-local handle (a non-const lvalue) for a variable, and
+  /// every other argument itself, shared, as `const&`. `fn` is called from several threads at
+  /// once: it must not mutate captured state without synchronisation.
   ///
   /// **Returns**: `void` if `fn` does; `Mirrored<T>` if `fn` returns `Synced<T>`; a tuple
   /// (`std::tuple`, `std::pair`, `boost::hana::tuple`) lifted element by element; otherwise
@@ -137,7 +139,8 @@ class Strategy {
   /// anything else as `mirror::replica_error` naming the replica, with the original nested. When
   /// several replicas fail, the lowest replica id's error is reported. The strategy stays usable.
   /// Calling `run` from inside `fn` throws `mirror::error`. A `PerReplica` argument whose size is
-  /// not `num_replicas_in_sync()` throws `mirror::shape_error` before any replica starts.
+  /// not `num_replicas_in_sync()` (or a variable made by a strategy with another replica
+  /// count) throws `mirror::shape_error` before any replica starts.
   template <class F, class... Args>
   auto run(F&& fn, Args&&... args) {
     using Result = std::decay_t<decltype(call_fn(fn, std::declval<context_type&>(), 0, args...))>;
