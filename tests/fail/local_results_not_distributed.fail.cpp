@@ -1,4 +1,4 @@
-// expected-error: local_results\(value\): value must be a PerReplica<T> or Mirrored<T>
+// expected-error: local_results\(value\): value must be a PerReplica<T>, Mirrored<T> or a variable
 // Compile-fail test local_results_not_distributed: strategy.local_results of a plain value.
 // local_results_not_distributed.fail.cpp must not compile; local_results_not_distributed.pass.cpp, which differs only in the line marked
 // "under test", must.

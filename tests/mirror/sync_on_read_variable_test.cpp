@@ -14,15 +14,16 @@ TEST_CASE("replicas write their own copy; a cross-replica read aggregates (value
   auto sum = s.make_sync_on_read_variable(0.0, VariableAggregation::sum);
   auto mean = s.make_sync_on_read_variable(0.0, VariableAggregation::mean);
   auto first = s.make_sync_on_read_variable(0.0, VariableAggregation::only_first_replica);
-  s.run(
+  const auto local_reads = s.run(
       [](auto& ctx, auto& a, auto& b, auto& c) {
         const double x = ctx.replica_id_in_sync_group() == 0 ? 4.0 : 3.0;
         a.assign(x);
         b.assign(x);
         c.assign(x);
-        REQUIRE(a.value() == x);  // replica context reads the local copy
+        return a.value();  // replica context reads the local copy
       },
       sum, mean, first);
+  REQUIRE(std::vector<double>(local_reads.begin(), local_reads.end()) == std::vector<double>{4.0, 3.0});
   REQUIRE(sum.value() == 7.0);
   REQUIRE(mean.value() == 3.5);
   REQUIRE(first.value() == 4.0);
