@@ -47,8 +47,10 @@ class parking_lot {
       std::this_thread::yield();
     }
     std::unique_lock lock(mutex_);
-    sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the fence in wake()
+    // Either wake()'s read-modify-write of sleepers_ comes after this one in its modification
+    // order (and sees a sleeper), or it comes before and this acquire synchronises with it, so
+    // ready() below sees the state change. No fences: ThreadSanitizer can check this pairing.
+    sleepers_.fetch_add(1, std::memory_order_acq_rel);
     bool ok = true;
     while (!ready()) {
       if (!deadline) {
@@ -58,14 +60,15 @@ class parking_lot {
         break;
       }
     }
-    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    sleepers_.fetch_sub(1, std::memory_order_release);
     return ok;
   }
 
   /// Call after changing state a waiter may be waiting for.
   void wake() {
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // the state change is visible before we look
-    if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
+    // A read-modify-write, not a load: it releases the caller's state change to any waiter
+    // that increments sleepers_ after it (see wait()).
+    if (sleepers_.fetch_add(0, std::memory_order_acq_rel) == 0) return;
     { std::lock_guard lock(mutex_); }  // a sleeper is inside wait(), or has not yet tested ready()
     cv_.notify_all();
   }
