@@ -2,8 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # dev.sh: everything on a fresh Debian 12 machine, one command per job.
 #
-#   ./dev.sh example [tsan|asan]                 install what is missing, build, run the
-#                                                main example (examples/overview.cpp)
+#   ./dev.sh example [tsan|asan] [-- ARGS...]    install what is missing, build, run the
+#                                                README's first block (examples/overview.cpp),
+#                                                then the Fashion-MNIST trainer
+#                                                (examples/fashion_mnist; ARGS go to it,
+#                                                e.g. -- --replicas 4 --epochs 3)
 #   ./dev.sh test    [tsan|asan] [-- ARGS...]    install what is missing, build, run the
 #                                                whole test suite (ARGS go to meson test,
 #                                                e.g. -- --suite mirror)
@@ -15,7 +18,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-PACKAGES=(meson ninja-build g++ pkg-config python3 libboost-dev catch2 libbenchmark-dev)
+PACKAGES=(meson ninja-build g++ pkg-config python3 libboost-dev catch2 libbenchmark-dev
+          # examples/fashion_mnist: Eigen, zlib (the .gz data), BLAS -> OpenBLAS, the data set
+          libeigen3-dev zlib1g-dev libblas-dev libopenblas0-pthread dataset-fashion-mnist)
 
 log() { printf '==> %s\n' "$*"; }
 die() { printf 'dev.sh: %s\n' "$*" >&2; exit 2; }
@@ -73,7 +78,7 @@ if [[ ${1:-} == tsan || ${1:-} == asan || ${1:-} == plain ]]; then
   variant=$1
   shift
 fi
-test_args=()
+test_args=()  # after --: for meson test, or for the trainer
 if [[ ${1:-} == -- ]]; then
   shift
   test_args=("$@")
@@ -83,6 +88,7 @@ fi
 
 options=(-Dtests=enabled -Dexamples=true)
 run_prefix=()
+timeout_multiplier=()
 case $variant in
   plain)
     build_dir=build
@@ -91,7 +97,7 @@ case $variant in
     build_dir=build-tsan
     options+=(-Db_sanitize=thread -Dbuildtype=debugoptimized)
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}
-    test_args=(--timeout-multiplier 4 "${test_args[@]}")
+    timeout_multiplier=(--timeout-multiplier 4)
     # gcc 12's TSan cannot map its shadow memory with the high-entropy ASLR of newer
     # kernels (vm.mmap_rnd_bits > 28): run the tests with randomization off there.
     if [[ $(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 28) -gt 28 ]] &&
@@ -104,7 +110,7 @@ case $variant in
     options+=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized)
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
-    test_args=(--timeout-multiplier 3 "${test_args[@]}")
+    timeout_multiplier=(--timeout-multiplier 3)
     ;;
 esac
 
@@ -115,13 +121,19 @@ case $cmd in
     meson compile -C "$build_dir" examples/overview
     log "$build_dir/examples/overview"
     "${run_prefix[@]}" "./$build_dir/examples/overview"
+    if ! meson introspect --targets "$build_dir" | grep -q '"name": "fashion_mnist"'; then
+      die "examples/fashion_mnist was not configured (see 'meson setup' above: it needs Eigen and zlib)"
+    fi
+    meson compile -C "$build_dir" examples/fashion_mnist
+    log "$build_dir/examples/fashion_mnist ${test_args[*]}"
+    "${run_prefix[@]}" "./$build_dir/examples/fashion_mnist" "${test_args[@]}"
     ;;
   test)
     install_missing
     configure "$build_dir" "${options[@]}"
     meson compile -C "$build_dir"
-    log "meson test -C $build_dir --print-errorlogs ${test_args[*]}"
-    "${run_prefix[@]}" meson test -C "$build_dir" --print-errorlogs "${test_args[@]}"
+    log "meson test -C $build_dir --print-errorlogs ${timeout_multiplier[*]} ${test_args[*]}"
+    "${run_prefix[@]}" meson test -C "$build_dir" --print-errorlogs "${timeout_multiplier[@]}" "${test_args[@]}"
     ;;
   help | -h | --help)
     usage 0

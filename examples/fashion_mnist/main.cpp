@@ -1,0 +1,315 @@
+// SPDX-License-Identifier: Apache-2.0
+// Fashion-MNIST, data-parallel with mirror: an MLP 784-256-128-10 (ReLU, softmax cross-entropy,
+// SGD with momentum 0.9 and a cosine learning-rate schedule) trained on R CPU replicas.
+//
+//   fashion_mnist [--epochs 10] [--replicas 2] [--batch-size 256] [--lr 0.1] [--momentum 0.9] [--seed 1]
+//                 [--policy default|reduction_to_one_device|hierarchical_copy]
+//                 [--data /usr/share/datasets/fashion-mnist] [--limit N]
+//
+// The mirror parts, in the order a step uses them:
+//  - the parameters and the momentum buffers are ONE MirroredVariable<State> (a Hana struct of
+//    std::vector<float>), so every replica holds an equal copy;
+//  - distribute_dataset splits each global batch (a Hana struct of a matrix_view of images and a
+//    span of labels, views into the shuffled training set) into per-replica row ranges, no copy;
+//  - in run, each replica computes the gradient of its rows into its own buffers, ONE fused
+//    in-place all-reduce (ReduceOp::sum over a struct of std::span<float>) sums them, and
+//    update(apply_momentum, synced_grads) applies the same step to every copy;
+//  - the replicas return their rows' losses; reduce(mean, ..., axis0) gives the batch's mean.
+// Prints one line per epoch and, last, exactly "test_accuracy=0.xxxx".
+
+#include <unistd.h>
+#if FASHION_MNIST_BLAS
+#include <dlfcn.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <numeric>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+#include <mirror/mirror.hpp>
+#include "dataset.hpp"
+#include "gunzip.hpp"
+#include "idx.hpp"
+#include "model.hpp"
+
+namespace fm = fashion_mnist;
+
+namespace {
+
+struct Options {
+  int epochs = 10;
+  int replicas = 2;
+  std::size_t batch_size = 256;
+  float lr = 0.1f;
+  float momentum = 0.9f;
+  std::uint64_t seed = 1;
+  std::string policy = "default";
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::size_t limit = 0;  // 0: the whole training set
+};
+
+constexpr const char* usage_text =
+    "usage: fashion_mnist [options]\n"
+    "  --epochs N        passes over the training set (default 10)\n"
+    "  --replicas N      CPU replicas, one thread each (default 2)\n"
+    "  --batch-size N    global batch size, split over the replicas (default 256)\n"
+    "  --lr X            initial learning rate, cosine-decayed to 0 over the run (default 0.1)\n"
+    "  --momentum X      SGD momentum (default 0.9; 0: plain SGD)\n"
+    "  --seed N          initial weights and shuffling (default 1)\n"
+    "  --policy P        all-reduce algorithm: default, reduction_to_one_device, hierarchical_copy\n"
+    "  --data DIR        folder of the IDX files (default /usr/share/datasets/fashion-mnist,\n"
+    "                    from Debian's dataset-fashion-mnist package)\n"
+    "  --limit N         train on the first N training images only (default: all)\n";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "fashion_mnist: %s\n%s", msg.c_str(), usage_text);
+  std::exit(2);
+}
+
+std::uint64_t parse_number(std::string_view flag, const char* text, std::uint64_t min) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || text[0] == '-' || v < min) {
+    usage_error(std::string(flag) + " needs an integer >= " + std::to_string(min) + ", got '" + text + "'");
+  }
+  return v;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(usage_text, stdout);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) usage_error("missing value after " + std::string(a));
+    const char* v = argv[++i];
+    if (a == "--epochs") {
+      o.epochs = static_cast<int>(parse_number(a, v, 0));
+    } else if (a == "--replicas") {
+      o.replicas = static_cast<int>(parse_number(a, v, 1));
+    } else if (a == "--batch-size") {
+      o.batch_size = parse_number(a, v, 1);
+    } else if (a == "--seed") {
+      o.seed = parse_number(a, v, 0);
+    } else if (a == "--limit") {
+      o.limit = parse_number(a, v, 0);
+    } else if (a == "--momentum") {
+      char* end = nullptr;
+      o.momentum = std::strtof(v, &end);
+      if (end == v || *end != '\0' || !(o.momentum >= 0.0f && o.momentum < 1.0f)) {
+        usage_error("--momentum needs a number in [0, 1), got '" + std::string(v) + "'");
+      }
+    } else if (a == "--lr") {
+      char* end = nullptr;
+      o.lr = std::strtof(v, &end);
+      if (end == v || *end != '\0' || !(o.lr > 0.0f)) usage_error("--lr needs a positive number, got '" + std::string(v) + "'");
+    } else if (a == "--policy") {
+      o.policy = v;
+      if (o.policy != "default" && o.policy != "reduction_to_one_device" && o.policy != "hierarchical_copy") {
+        usage_error("unknown --policy '" + o.policy + "'");
+      }
+    } else if (a == "--data") {
+      o.data = v;
+    } else {
+      usage_error("unknown option '" + std::string(a) + "'");
+    }
+  }
+  return o;
+}
+
+/// Which library does the matrix products; with a BLAS (EIGEN_USE_BLAS), makes it single-threaded:
+/// each replica is one thread, and mirror is what runs them in parallel.
+std::string configure_gemm() {
+#if FASHION_MNIST_BLAS
+  const auto set_threads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  const auto config = reinterpret_cast<const char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+  if (set_threads == nullptr) {
+    std::fprintf(stderr,
+                 "fashion_mnist: warning: the matrix products go to a system BLAS that is not OpenBLAS (the "
+                 "reference BLAS is ~10x slower); install OpenBLAS: apt-get install libopenblas0-pthread\n");
+    return "Eigen + system BLAS (not OpenBLAS)";
+  }
+  set_threads(1);
+  return std::string("Eigen + ") + (config != nullptr ? config() : "OpenBLAS") + ", 1 thread per replica";
+#else
+  return "Eigen";
+#endif
+}
+
+/// A global batch: rows of images and their labels, views into the shuffled training set.
+struct Batch {
+  BOOST_HANA_DEFINE_STRUCT(Batch, (mirror::matrix_view<const std::uint8_t>, images), (std::span<const std::int32_t>, labels));
+};
+
+/// What every replica needs to know about a step besides its rows.
+struct StepInfo {
+  std::size_t global_rows;  // the global batch's size: gradients are divided by it
+  float lr;
+};
+
+/// A progress bar on stdout, drawn only when stdout is a terminal.
+class Progress {
+ public:
+  Progress() : tty_(::isatty(STDOUT_FILENO) == 1) {}
+  void draw(int epoch, int epochs, std::size_t done, std::size_t total, double loss) {
+    if (!tty_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    constexpr int width = 30;
+    const int filled = total == 0 ? width : static_cast<int>(width * done / total);
+    std::printf("\r  epoch %d/%d [%s%s] %3d%%  loss %.4f", epoch, epochs, std::string(filled, '#').c_str(),
+                std::string(width - filled, '.').c_str(), total == 0 ? 100 : static_cast<int>(100 * done / total),
+                loss);
+    std::fflush(stdout);
+  }
+  void clear() {
+    if (tty_) std::printf("\r\033[K");
+  }
+
+ private:
+  bool tty_;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+template <class Ops>
+double train_and_test(const Options& o, const fm::split& train, const fm::split& test) {
+  using Strategy = mirror::Strategy<mirror::devices::Threads, Ops>;
+  Strategy strategy{mirror::devices::Threads{.replicas = o.replicas}};
+  const int replicas = strategy.num_replicas_in_sync();
+
+  // The model: one variable; every replica's copy starts from the same seeded weights.
+  auto state = strategy.make_variable(fm::State{fm::init_params(o.seed), fm::zero_params()});
+  // Each replica's activations and gradient buffers (replica i receives component i).
+  const std::size_t rows_per_replica = (o.batch_size + static_cast<std::size_t>(replicas) - 1) / replicas;
+  mirror::PerReplica<fm::Workspace> work(
+      std::vector<fm::Workspace>(static_cast<std::size_t>(replicas), fm::Workspace(rows_per_replica)));
+
+  auto train_step = [momentum = o.momentum](auto& ctx, const Batch& batch, auto& s, fm::Workspace& w,
+                                            const StepInfo& info) {
+    const std::size_t n = batch.labels.size();
+    std::vector<float> losses(n), correct(n);
+    w.forward_backward(s.value().params, batch.images, batch.labels, info.global_rows, losses, correct);
+    // One fused collective over the six gradient buffers, in place: afterwards every replica's
+    // buffers hold the global batch's mean gradient.
+    auto grads = ctx.all_reduce(mirror::ReduceOp::sum, w.grads());
+    s.update([&](fm::State& st, const fm::ParamSpans& g) { fm::apply_momentum(st, g, info.lr, momentum); }, grads);
+    return std::pair{std::move(losses), std::move(correct)};
+  };
+
+  std::vector<std::uint8_t> images(train.images.size());
+  std::vector<std::int32_t> labels(train.rows);
+  std::vector<std::size_t> order(train.rows);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  fm::rng shuffle_rng{o.seed * 0x2545f4914f6cdd1dULL + 1};
+
+  const std::size_t steps_per_epoch = (train.rows + o.batch_size - 1) / o.batch_size;
+  const double total_steps = static_cast<double>(steps_per_epoch) * o.epochs;
+  std::size_t step = 0;
+  Progress progress;
+
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    const auto start = std::chrono::steady_clock::now();
+    // Shuffle the training set (the same permutation whatever the replica count).
+    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[shuffle_rng.below(i)]);
+    strategy.run([&](auto& ctx) {  // the gather (47 MB) is memory-bound: every replica copies a share
+      const std::size_t r = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+      const std::size_t n = static_cast<std::size_t>(ctx.num_replicas_in_sync());
+      for (std::size_t i = train.rows * r / n, end = train.rows * (r + 1) / n; i < end; ++i) {
+        std::copy_n(train.images.data() + order[i] * fm::pixels, fm::pixels, images.data() + i * fm::pixels);
+        labels[i] = train.labels[order[i]];
+      }
+    });
+    std::vector<Batch> batches;
+    for (std::size_t first = 0; first < train.rows; first += o.batch_size) {
+      const std::size_t g = std::min(o.batch_size, train.rows - first);
+      batches.push_back({{std::span<const std::uint8_t>(images).subspan(first * fm::pixels, g * fm::pixels), fm::pixels},
+                         std::span<const std::int32_t>(labels).subspan(first, g)});
+    }
+
+    double loss_sum = 0, correct_sum = 0;
+    std::size_t seen = 0, k = 0;
+    for (const auto& per_replica : strategy.distribute_dataset(batches)) {
+      const std::size_t g = batches[k++].labels.size();
+      const double t = static_cast<double>(step++) / total_steps;
+      const StepInfo info{g, static_cast<float>(o.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * t)))};
+      const auto [losses, correct] = strategy.run(train_step, per_replica, state, work, info);  // PerReplica each
+      const float loss = strategy.reduce(mirror::ReduceOp::mean, losses, mirror::axis0);
+      const float accuracy = strategy.reduce(mirror::ReduceOp::mean, correct, mirror::axis0);
+      loss_sum += static_cast<double>(loss) * g;
+      correct_sum += static_cast<double>(accuracy) * g;
+      seen += g;
+      progress.draw(epoch, o.epochs, seen, train.rows, loss_sum / seen);
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    progress.clear();
+    std::printf("epoch %d/%d  loss %.4f  train_accuracy %.4f  samples/s %.0f\n", epoch, o.epochs, loss_sum / seen,
+                correct_sum / seen, static_cast<double>(seen) / seconds);
+    std::fflush(stdout);
+  }
+
+  // Test accuracy: the whole test set as one global batch, split over the replicas.
+  const std::vector<Batch> test_batch{{{std::span<const std::uint8_t>(test.images), fm::pixels}, test.labels}};
+  double accuracy = 0;
+  for (const auto& per_replica : strategy.distribute_dataset(test_batch)) {
+    const auto correct = strategy.run(
+        [](const Batch& b, auto& s, fm::Workspace& w) {
+          constexpr std::size_t chunk = 256;
+          std::vector<float> ok(b.labels.size());
+          for (std::size_t first = 0; first < ok.size(); first += chunk) {
+            const std::size_t n = std::min(chunk, ok.size() - first);
+            w.forward(s.value().params, b.images.subrows(first, n));
+            for (std::size_t i = 0; i < n; ++i) ok[first + i] = w.predicted(i) == b.labels[first + i] ? 1.0f : 0.0f;
+          }
+          return ok;
+        },
+        per_replica, state, work);
+    accuracy = strategy.reduce(mirror::ReduceOp::mean, correct, mirror::axis0);
+  }
+  return accuracy;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  try {
+    const fm::split train = fm::load_split(o.data, "train", o.limit, fm::gunzip);
+    const fm::split test = fm::load_split(o.data, "t10k", 0, fm::gunzip);
+    const std::string gemm = configure_gemm();
+    std::printf("fashion_mnist: %zu training and %zu test images from %s; MLP 784-256-128-10, SGD momentum %.2g, "
+                "lr %g (cosine), global batch %zu on %d replica%s (devices::Threads), policy %s, seed %llu; %s\n",
+                train.rows, test.rows, o.data.c_str(), double(o.momentum), double(o.lr), o.batch_size, o.replicas,
+                o.replicas == 1 ? "" : "s", o.policy.c_str(), static_cast<unsigned long long>(o.seed), gemm.c_str());
+    std::fflush(stdout);
+    double accuracy = 0;
+    if (o.policy == "reduction_to_one_device") {
+      accuracy = train_and_test<mirror::ops::ReductionToOneDevice>(o, train, test);
+    } else if (o.policy == "hierarchical_copy") {
+      accuracy = train_and_test<mirror::ops::HierarchicalCopy>(o, train, test);
+    } else {
+      accuracy = train_and_test<mirror::default_ops_t<mirror::devices::Threads>>(o, train, test);
+    }
+    std::printf("test_accuracy=%.4f\n", accuracy);
+    return 0;
+  } catch (const fm::idx_error& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
+    return 1;
+  }
+}
