@@ -5,18 +5,20 @@
 # alternately for several rounds so that load from elsewhere hits every configuration alike.
 # Prints the runs as they finish (stderr) and then a Markdown table (stdout).
 #
-#   bench/fashion_mnist_scaling.sh [--build DIR] [--epochs 10] [--rounds 3] [--batch-size 256]
+#   bench/fashion_mnist_scaling.sh [--build DIR] [--epochs 10] [--rounds 5] [--batch-size 256]
 #                                  [--policy default] [--seed 1]
 #
-# samples/s of a run is the median of its epochs' samples/s; a configuration's figure is the best
-# run over the rounds (the table also gives the median run, which shows how noisy the machine is). The test accuracy is the final one of a run (runs are deterministic: the
-# same in every round). The numpy baseline runs twice per round: OpenBLAS with its default
-# thread count (one per core) and with one thread; "vs numpy" divides by the faster of the two.
+# samples/s of a run is the median of its epochs' samples/s. Ratios are taken within a round
+# (runs of one round are seconds apart, so they share the machine's state) and the table gives
+# the median over the rounds of each figure and ratio, plus the best round. The numpy baseline
+# runs twice per round: OpenBLAS with its default thread count (one per core) and with one
+# thread; "vs numpy" divides by the faster of the two in the same round. The test accuracy is
+# the last run's (a given binary gives the same accuracy in every run).
 # DIR (default: build) is a configured Meson build directory; the trainer is built there first.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-build=build epochs=10 rounds=3 batch=256 policy=default seed=1
+build=build epochs=10 rounds=5 batch=256 policy=default seed=1
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) build=$2 ;;
@@ -25,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     --batch-size) batch=$2 ;;
     --policy) policy=$2 ;;
     --seed) seed=$2 ;;
-    -h | --help) sed -n '3,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '3,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "fashion_mnist_scaling.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -36,8 +38,9 @@ ninja -C "$build" examples/fashion_mnist >&2
 trainer=$build/examples/fashion_mnist
 numpy_script=bench/fashion_mnist_numpy.py
 
-declare -A best acc all
-# run NAME COMMAND...: one run; records the median epoch samples/s and the test accuracy.
+runs=$(mktemp)
+trap 'rm -f "$runs"' EXIT
+# run NAME COMMAND...: one run; appends "round name samples/s accuracy" to $runs.
 run() {
   local name=$1; shift
   local out
@@ -47,12 +50,8 @@ run() {
          awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
   accuracy=$(tail -n 1 <<<"$out" | sed -n 's/^test_accuracy=//p')
   [[ -n $accuracy ]] || { echo "fashion_mnist_scaling.sh: no test_accuracy line from '$*'" >&2; exit 1; }
-  printf '  %-22s %8.0f samples/s  test_accuracy %s\n' "$name" "$rate" "$accuracy" >&2
-  all[$name]+="$rate "
-  if [[ -z ${best[$name]:-} ]] || awk -v a="$rate" -v b="${best[$name]}" 'BEGIN { exit !(a > b) }'; then
-    best[$name]=$rate
-  fi
-  acc[$name]=$accuracy
+  printf '  %-10s %8.0f samples/s  test_accuracy %s\n' "$name" "$rate" "$accuracy" >&2
+  echo "$round $name $rate $accuracy" >>"$runs"
 }
 
 common=(--epochs "$epochs" --batch-size "$batch" --seed "$seed")
@@ -65,27 +64,35 @@ for ((round = 1; round <= rounds; ++round)); do
   run numpy-1 "$numpy_script" "${common[@]}" --blas-threads 1
 done
 
-# median NAME: the median over the rounds of a configuration's samples/s.
-median() {
-  tr ' ' '\n' <<<"${all[$1]}" | grep . | sort -n |
-    awk '{ v[NR] = $1 } END { printf "%.0f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
-
-numpy_best=$(awk -v a="${best[numpy]}" -v b="${best[numpy-1]}" 'BEGIN { print (a > b) ? a : b }')
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 echo
 echo "Fashion-MNIST, MLP 784-256-128-10, global batch $batch, $epochs epochs, seed $seed, policy $policy;"
-echo "$(nproc) cores ($cpu); samples/s: best of $rounds rounds (each round: the median epoch);"
-echo "vs numpy: divided by the faster numpy row; last column: the median round, for the spread."
+echo "$(nproc) cores ($cpu); $rounds rounds, each running every configuration once, alternately."
+echo "samples/s: median epoch of a run; columns: the median over the rounds (ratios taken within"
+echo "each round), and the best round. vs numpy: against the faster numpy run of the same round."
 echo
-echo "| trainer | samples/s | speedup vs 1 replica | vs numpy | test accuracy | median round |"
-echo "|---|---:|---:|---:|---:|---:|"
-for r in 1 2 4; do
-  awk -v name="mirror, $r replica$([[ $r == 1 ]] || echo s)" -v s="${best[mirror-$r]}" -v one="${best[mirror-1]}" \
-      -v np="$numpy_best" -v a="${acc[mirror-$r]}" -v m="$(median mirror-$r)" \
-      'BEGIN { printf "| %s | %.0f | %.2fx | %.2fx | %s | %s |\n", name, s, s / one, s / np, a, m }'
-done
-awk -v s="${best[numpy]}" -v np="$numpy_best" -v a="${acc[numpy]}" -v t="$(nproc)" -v m="$(median numpy)" \
-    'BEGIN { printf "| numpy + OpenBLAS, default threads (%d) | %.0f | | %.2fx | %s | %s |\n", t, s, s / np, a, m }'
-awk -v s="${best[numpy-1]}" -v np="$numpy_best" -v a="${acc[numpy-1]}" -v m="$(median numpy-1)" \
-    'BEGIN { printf "| numpy + OpenBLAS, 1 thread | %.0f | | %.2fx | %s | %s |\n", s, s / np, a, m }'
+python3 - "$runs" "$(nproc)" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+rate, acc = {}, {}
+for rnd, name, r, a in rows:
+    rate.setdefault(name, {})[rnd] = float(r)
+    acc[name] = a
+rounds = sorted(rate['mirror-1'], key=int)
+numpy_best = {k: max(rate['numpy'][k], rate['numpy-1'][k]) for k in rounds}
+med = statistics.median
+print('| trainer | samples/s | speedup vs 1 replica | vs numpy | test accuracy | best round: samples/s, speedup |')
+print('|---|---:|---:|---:|---:|---:|')
+labels = {'mirror-1': 'mirror, 1 replica', 'mirror-2': 'mirror, 2 replicas', 'mirror-4': 'mirror, 4 replicas',
+          'numpy': f'numpy + OpenBLAS, default threads ({sys.argv[2]})', 'numpy-1': 'numpy + OpenBLAS, 1 thread'}
+for name, label in labels.items():
+    v = rate[name]
+    vs_np = med(v[k] / numpy_best[k] for k in rounds)
+    best = max(rounds, key=lambda k: v[k])
+    if name.startswith('mirror'):
+        speedup = med(v[k] / rate['mirror-1'][k] for k in rounds)
+        print(f'| {label} | {med(v.values()):.0f} | {speedup:.2f}x | {vs_np:.2f}x | {acc[name]} | '
+              f'{v[best]:.0f}, {v[best] / rate["mirror-1"][best]:.2f}x |')
+    else:
+        print(f'| {label} | {med(v.values()):.0f} | | {vs_np:.2f}x | {acc[name]} | {v[best]:.0f} |')
+PY
