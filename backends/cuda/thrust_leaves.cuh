@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `thrust::device_vector<E>` as a leaf (include only from files compiled by nvcc, after
+/// `<mirror/mirror.hpp>`). An owning leaf: `ctx.all_reduce(op, v)` returns a new device_vector
+/// holding the result, on the replica's device. Thrust copies on the legacy default stream,
+/// with which the replicas' (blocking) streams are ordered.
+
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <thrust/device_vector.h>
+#include <mirror/leaf_traits.hpp>
+
+namespace mirror {
+
+template <class E, class A>
+struct leaf_traits<thrust::device_vector<E, A>, std::enable_if_t<std::is_arithmetic_v<E>>> {
+  static constexpr bool is_leaf = true;
+  using element_type = E;
+  static constexpr int rank = 1;
+  static constexpr bool is_view = false;
+  static constexpr bool resizable = true;
+  static std::span<E> elements(thrust::device_vector<E, A>& x) noexcept {
+    return {thrust::raw_pointer_cast(x.data()), x.size()};
+  }
+  static std::span<const E> elements(const thrust::device_vector<E, A>& x) noexcept {
+    return {thrust::raw_pointer_cast(x.data()), x.size()};
+  }
+  static void resize(thrust::device_vector<E, A>& x, std::size_t n) { x.resize(n); }
+};
+
+}  // namespace mirror
