@@ -14,7 +14,8 @@ namespace mirror::cuda {
 /// `n` elements of type E at device address `data` (from `cudaMalloc`, a `device_buffer`, or
 /// `thrust::raw_pointer_cast`). As a leaf it is a view: `ctx.all_reduce(op, device_span(p, n))`
 /// reduces in every replica's own buffer, on the replicas' streams, and allocates nothing.
-/// The host never reads it: passing it to `Strategy::reduce` is a compile error (view leaf).
+/// The host never reads it (`device_resident`): passing it to `Strategy::reduce` is a compile
+/// error (a view leaf), and so is using it on a host device such as `devices::Threads`.
 template <class E>
 struct device_span {
   E* data = nullptr;
@@ -36,6 +37,8 @@ struct leaf_traits<cuda::device_span<E>, std::enable_if_t<std::is_arithmetic_v<E
   using element_type = E;
   static constexpr int rank = 1;
   static constexpr bool is_view = true;
+  // GPU memory: mirror never reads it on the host (leaf_traits.hpp, architecture.md 2.7).
+  static constexpr bool device_resident = true;
   static constexpr bool resizable = false;
   static std::span<E> elements(const cuda::device_span<E>& x) noexcept { return {x.data, x.size}; }
 };

@@ -3,7 +3,8 @@
 /// \file
 /// `thrust::device_vector<E>` as a leaf (include only from files compiled by nvcc, after
 /// `<mirror/mirror.hpp>`). An owning leaf: `ctx.all_reduce(op, v)` returns a new device_vector
-/// holding the result, on the replica's device. Thrust copies on the legacy default stream,
+/// holding the result, on the replica's device. `Strategy::reduce` of a value holding them
+/// reduces on the devices and synchronises replica 0's stream (never a host read). Thrust copies on the legacy default stream,
 /// with which the replicas' (blocking) streams are ordered.
 
 #include <cstddef>
@@ -20,6 +21,8 @@ struct leaf_traits<thrust::device_vector<E, A>, std::enable_if_t<std::is_arithme
   using element_type = E;
   static constexpr int rank = 1;
   static constexpr bool is_view = false;
+  // GPU memory: mirror never reads it on the host (leaf_traits.hpp, architecture.md 2.7).
+  static constexpr bool device_resident = true;
   static constexpr bool resizable = true;
   static std::span<E> elements(thrust::device_vector<E, A>& x) noexcept {
     return {thrust::raw_pointer_cast(x.data()), x.size()};
