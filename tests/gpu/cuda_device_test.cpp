@@ -2,10 +2,61 @@
 // devices::Cuda on a real GPU: device leaves reduced in place, errors, NCCL's refusal.
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <span>
 #include <vector>
 #include <mirror/mirror.hpp>
 
 using mirror::ReduceOp;
+
+namespace {
+// A copyable owning device leaf (what thrust::device_vector is, without needing nvcc here).
+// Copies round-trip through the host: slow, but this file is compiled by g++.
+struct gpu_vector {
+  mirror::cuda::device_buffer<float> buffer;
+  gpu_vector(int device, const std::vector<float>& host) : buffer(device, host.size()) { buffer.upload(host); }
+  gpu_vector(const gpu_vector& o) : gpu_vector(o.buffer.device(), o.host()) {}
+  gpu_vector& operator=(const gpu_vector& o) {
+    if (this != &o) *this = gpu_vector(o);
+    return *this;
+  }
+  gpu_vector(gpu_vector&&) noexcept = default;
+  gpu_vector& operator=(gpu_vector&&) noexcept = default;
+  std::vector<float> host() const {
+    std::vector<float> h(buffer.size());
+    buffer.download(h);
+    return h;
+  }
+};
+}  // namespace
+
+template <>
+struct mirror::leaf_traits<gpu_vector> {
+  static constexpr bool is_leaf = true;
+  using element_type = float;
+  static constexpr int rank = 1;
+  static constexpr bool is_view = false;
+  static constexpr bool resizable = false;
+  static constexpr bool device_resident = true;
+  static std::span<float> elements(const gpu_vector& x) noexcept { return {x.buffer.data(), x.buffer.size()}; }
+};
+
+TEST_CASE("cuda: reduce of device-resident leaves runs on the devices and returns the result", "[cuda][device]") {
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 3}};
+  constexpr std::size_t n = 100003;
+  const auto values = s.run([&](auto& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    return gpu_vector(s.runtime().device_of(r), std::vector<float>(n, float(r + 1)));
+  });
+  REQUIRE(s.reduce(ReduceOp::sum, values).host() == std::vector<float>(n, 6.0f));
+  REQUIRE(s.reduce(ReduceOp::mean, values).host() == std::vector<float>(n, 2.0f));
+  REQUIRE(s.reduce(ReduceOp::max, values).host() == std::vector<float>(n, 3.0f));
+  // The components themselves are untouched (the reduction works in copies).
+  for (int r = 0; r < 3; ++r) REQUIRE(values[static_cast<std::size_t>(r)].host() == std::vector<float>(n, float(r + 1)));
+  // Inside a replica function a device reduce cannot start: ctx.all_reduce is the way.
+  REQUIRE_THROWS_AS(s.run([&](auto& ctx) { (void)ctx.merge_call([&](auto& strategy, const auto&) {
+                      return strategy.reduce(ReduceOp::sum, values).buffer.size(); }, 0); }),
+                    mirror::error);
+}
 
 TEST_CASE("cuda: device_span leaves are reduced in place on logical devices sharing one GPU", "[cuda][device]") {
   mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 4}};
