@@ -35,9 +35,10 @@ namespace mirror::ops {
 /// complete within the device's `timeout` aborts the communicators and throws
 /// `mirror::timeout_error` naming the replicas that had not enqueued it (the strategy must then
 /// be rebuilt: later NCCL collectives throw `backend_error`).
-/// **Communication**: NCCL's ring or tree, about 2·(N-1)/N·S bytes per replica. Each call
-/// waits (polling) until the GPU has finished the all-reduce: the watchdog that keeps a lost
-/// peer from hanging the program.
+/// **Communication**: NCCL's ring or tree, about 2·(N-1)/N·S bytes per replica. A call returns
+/// once the all-reduce is enqueued on the replica's stream (architecture.md 2.7); a watchdog
+/// checks each one's completion at the replica's next NCCL call (waiting only when 16 are
+/// unfinished) and aborts the communicators if one is not done within the device's `timeout`.
 struct NcclAllReduce {
   int num_packs = 1;  ///< packs the concatenated leaves are split into; 0 = one per leaf
 

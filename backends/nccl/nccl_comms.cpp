@@ -19,10 +19,24 @@
 
 namespace mirror::nccl::impl {
 
+// How many all-reduces a rank may have on its stream, unfinished, before the next one waits for
+// the oldest: the host runs ahead of the GPU (architecture.md 2.7) by at most this many NCCL
+// collectives, and the watchdog still sees every one of them complete or time out.
+constexpr std::size_t max_in_flight = 16;
+
+// One rank's unfinished collectives: a ring of completion events, each with its deadline.
+// Touched only by that rank's host thread (and by destroy_comms once those threads are idle).
+struct in_flight {
+  cudaEvent_t events[max_in_flight] = {};
+  std::chrono::steady_clock::time_point deadlines[max_in_flight] = {};
+  std::uint64_t sequences[max_in_flight] = {};
+  std::size_t oldest = 0, count = 0;
+};
+
 struct comms {
   std::vector<int> devices;
   std::vector<ncclComm_t> comm;
-  std::vector<cudaEvent_t> done;                       // per rank: recorded after its group
+  std::vector<in_flight> pending;                      // per rank
   std::unique_ptr<std::atomic<std::uint64_t>[]> entered;  // per rank: collectives enqueued
   std::atomic<bool> aborted{false};
   std::mutex abort_mutex;
@@ -109,7 +123,7 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
   const int n = static_cast<int>(devices.size());
   c->devices.assign(devices.begin(), devices.end());
   c->comm.assign(devices.size(), nullptr);
-  c->done.assign(devices.size(), nullptr);
+  c->pending.resize(devices.size());
   c->entered = std::make_unique<std::atomic<std::uint64_t>[]>(devices.size());
   int previous = 0;
   check_cuda(cudaGetDevice(&previous), "cudaGetDevice");
@@ -147,8 +161,9 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
   }
   for (int i = 0; i < n; ++i) {
     check_cuda(cudaSetDevice(devices[static_cast<std::size_t>(i)]), "cudaSetDevice");
-    check_cuda(cudaEventCreateWithFlags(&c->done[static_cast<std::size_t>(i)], cudaEventDisableTiming),
-               "cudaEventCreate");
+    for (cudaEvent_t& e : c->pending[static_cast<std::size_t>(i)].events) {
+      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    }
   }
   check_cuda(cudaSetDevice(previous), "cudaSetDevice");
   return c.release();
@@ -158,9 +173,19 @@ void destroy_comms(comms* c) noexcept {
   if (c == nullptr) return;
   for (std::size_t i = 0; i < c->comm.size(); ++i) {
     if (cudaSetDevice(c->devices[i]) != cudaSuccess) continue;
-    if (c->done[i] != nullptr) {
-      (void)cudaEventSynchronize(c->done[i]);
-      (void)cudaEventDestroy(c->done[i]);
+    // Unfinished collectives get until their deadline; then the communicators are aborted, so
+    // destruction never waits forever on a lost GPU or link.
+    in_flight& f = c->pending[i];
+    for (; f.count > 0; --f.count, f.oldest = (f.oldest + 1) % max_in_flight) {
+      cudaError_t q = cudaErrorNotReady;
+      while ((q = cudaEventQuery(f.events[f.oldest])) == cudaErrorNotReady && !c->aborted.load() &&
+             std::chrono::steady_clock::now() < f.deadlines[f.oldest]) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      if (q == cudaErrorNotReady) abort_all(*c);
+    }
+    for (cudaEvent_t e : f.events) {
+      if (e != nullptr) (void)cudaEventDestroy(e);
     }
     if (c->comm[i] != nullptr && !c->aborted.load()) {
       // Non-blocking: finalize may report ncclInProgress; destroy then completes it.
@@ -190,10 +215,11 @@ void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_typ
   auto s = static_cast<cudaStream_t>(stream);
   const std::uint64_t sequence = c.entered[me].fetch_add(1) + 1;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto expire = [&](const char* stage) {
+  in_flight& f = c.pending[me];
+  auto expire_for = [&](const char* stage, std::uint64_t seq) {
     std::vector<int> missing;
     for (std::size_t r = 0; r < c.comm.size(); ++r) {
-      if (c.entered[r].load() < sequence) missing.push_back(static_cast<int>(r));
+      if (c.entered[r].load() < seq) missing.push_back(static_cast<int>(r));
     }
     abort_all(c);
     std::string names;
@@ -205,6 +231,29 @@ void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_typ
                             "; the communicators were aborted",
                         missing);
   };
+  auto expire = [&](const char* stage) { expire_for(stage, sequence); };
+  // The watchdog, deferred: earlier collectives of this rank that have finished are retired; one
+  // past its deadline aborts the communicators. When the ring is full, wait for the oldest.
+  while (f.count > 0) {
+    const std::size_t slot = f.oldest;
+    const cudaError_t q = cudaEventQuery(f.events[slot]);
+    if (q == cudaErrorNotReady) {
+      const bool full = f.count == max_in_flight;
+      if (!full && std::chrono::steady_clock::now() < f.deadlines[slot]) break;
+      cudaError_t polled = cudaErrorNotReady;
+      if (!wait_until(comm, f.deadlines[slot], [&] {
+            polled = cudaEventQuery(f.events[slot]);
+            return polled != cudaErrorNotReady;
+          })) {
+        expire_for("for an earlier all-reduce to complete", f.sequences[slot]);
+      }
+      if (polled != cudaSuccess) check_cuda(polled, "cudaEventQuery (an earlier all-reduce)");
+    } else if (q != cudaSuccess) {
+      check_cuda(q, "cudaEventQuery (an earlier all-reduce)");
+    }
+    f.oldest = (f.oldest + 1) % max_in_flight;
+    --f.count;
+  }
   check_nccl(ncclGroupStart(), "ncclGroupStart");
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     if (counts[i] == 0) continue;
@@ -227,20 +276,15 @@ void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_typ
       if (e != 0) check_cuda(static_cast<cudaError_t>(e), "the divide kernel launch");
     }
   }
-  // The watchdog: the collective completes only when every rank's part has run, so waiting for
-  // it here turns a lost peer into a timeout instead of a stream that never drains.
-  check_cuda(cudaEventRecord(c.done[me], s), "cudaEventRecord");
-  bool event_error = false;
-  cudaError_t query = cudaSuccess;
-  if (!wait_until(comm, deadline, [&] {
-        query = cudaEventQuery(c.done[me]);
-        if (query == cudaErrorNotReady) return false;
-        event_error = query != cudaSuccess;
-        return true;
-      })) {
-    expire("for the all-reduce to complete");
-  }
-  if (event_error) check_cuda(query, "cudaEventQuery");
+  // Completion is watched, not waited for: the event joins this rank's ring with its deadline,
+  // and the next all-reduce on this rank (or destroy_comms) retires it or times it out. So the
+  // host returns once the work is enqueued (architecture.md 2.7); a lost peer cannot enqueue
+  // anything here unnoticed, since NcclAllReduce's agreement exchange precedes every call.
+  const std::size_t slot = (f.oldest + f.count) % max_in_flight;
+  check_cuda(cudaEventRecord(f.events[slot], s), "cudaEventRecord");
+  f.deadlines[slot] = deadline;
+  f.sequences[slot] = sequence;
+  ++f.count;
 }
 
 }  // namespace mirror::nccl::impl

@@ -12,7 +12,7 @@
 namespace mirror::nccl::impl {
 
 /// One non-blocking communicator per device of a device set (rank i on devices[i]), its
-/// watchdog state, and one completion event per rank. Created once per Strategy.
+/// watchdog state, and a ring of completion events per rank. Created once per Strategy.
 struct comms;
 
 /// Creates the communicators (ncclCommInitRankConfig for every rank inside one group).
@@ -21,9 +21,11 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
 void destroy_comms(comms*) noexcept;
 
 /// On rank `rank`'s thread: all-reduces `counts[i]` elements in place at `buffers[i]` for every
-/// i, in one NCCL group on `stream`, then waits for completion for at most `timeout`. On expiry
-/// every communicator of the set is aborted and mirror::timeout_error names the ranks that had
-/// not enqueued this collective; later calls throw mirror::backend_error. `mean` uses ncclAvg
+/// i, in one NCCL group on `stream`, and returns once it is enqueued. Its completion is watched:
+/// the rank's next call (or destroy_comms) checks its earlier collectives, waiting only when 16
+/// are unfinished, and one unfinished `timeout` after it was enqueued aborts every communicator
+/// of the set and throws mirror::timeout_error naming the ranks that had not enqueued it; later
+/// calls throw mirror::backend_error. `mean` uses ncclAvg
 /// for floating point and ncclSum followed by an integer division kernel for integers.
 void all_reduce(comms&, int rank, void* stream, ReduceOp op, cuda::element_type type, std::span<void* const> buffers,
                 std::span<const std::size_t> counts, std::chrono::milliseconds timeout);
