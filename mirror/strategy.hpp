@@ -419,7 +419,10 @@ class Strategy {
   template <class E, std::size_t K>
   void all_reduce_leaves(int self, ReduceOp op, const std::array<std::span<E>, K>& host,
                          const detail::collective_header* header) {
-    detail::require_host_element<E>();
+    // Host devices combine with CPU arithmetic (element_ops.hpp). Other devices combine with
+    // their own kernels, and their runtime names the element types it has (CUDA: also
+    // mirror::cuda::half and bfloat16, which are no C++ arithmetic types).
+    if constexpr (runtime_type::host_addressable) detail::require_host_element<E>();
     using pointer = typename runtime_type::template pointer<E>;
     std::array<pointer, K> leaves{};
     std::array<std::size_t, K> sizes{};

@@ -31,8 +31,14 @@ namespace mirror {
 
 /// `cuda::device_span<E>` is a view leaf (`elements` hands the device address through; the CUDA
 /// runtime's `attach` sees that it is device memory and uses it in place).
+/// Elements: arithmetic types (those without kernels are refused by `element_type_of` with the
+/// supported list) and the 16-bit float types `cuda::half` and `cuda::bfloat16`, which only
+/// device code computes on: a `device_span<cuda::half>` goes through every ops policy.
 template <class E>
-struct leaf_traits<cuda::device_span<E>, std::enable_if_t<std::is_arithmetic_v<E> && !std::is_const_v<E>>> {
+struct leaf_traits<cuda::device_span<E>,
+                   std::enable_if_t<(std::is_arithmetic_v<E> || std::is_same_v<E, cuda::half> ||
+                                     std::is_same_v<E, cuda::bfloat16>) &&
+                                    !std::is_const_v<E>>> {
   static constexpr bool is_leaf = true;
   using element_type = E;
   static constexpr int rank = 1;

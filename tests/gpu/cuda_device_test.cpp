@@ -2,6 +2,7 @@
 // devices::Cuda on a real GPU: device leaves reduced in place, errors, NCCL's refusal.
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <cstdint>
 #include <span>
 #include <vector>
 #include <mirror/mirror.hpp>
@@ -129,3 +130,36 @@ TEST_CASE("cuda: NcclAllReduce on every GPU reduces device leaves in place", "[c
   }
 }
 #endif
+
+TEST_CASE("cuda: half and bfloat16 device spans are reduced by the kernels", "[cuda][device]") {
+  using mirror::cuda::bfloat16;
+  using mirror::cuda::half;
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 4}};
+  constexpr std::size_t n = 4099;
+  // IEEE half 1, 2, 3, 4 and their sum 10; bfloat16 (a float's top 16 bits) 1..4 and mean 2.5.
+  const std::uint16_t half_bits[] = {0x3C00, 0x4000, 0x4200, 0x4400};
+  const std::uint16_t bf16_bits[] = {0x3F80, 0x4000, 0x4040, 0x4080};
+  std::vector<mirror::cuda::device_buffer<half>> h;
+  std::vector<mirror::cuda::device_buffer<bfloat16>> b;
+  for (int r = 0; r < 4; ++r) {
+    h.emplace_back(s.runtime().device_of(r), n);
+    h.back().upload(std::vector<half>(n, half{half_bits[r]}));
+    b.emplace_back(s.runtime().device_of(r), n);
+    b.back().upload(std::vector<bfloat16>(n, bfloat16{bf16_bits[r]}));
+  }
+  s.run([&](auto& ctx) {
+    const auto r = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+    ctx.all_reduce(ReduceOp::sum, h[r].span());
+    ctx.all_reduce(ReduceOp::mean, b[r].span());
+  });
+  for (int r = 0; r < 4; ++r) {
+    std::vector<half> hh(n);
+    std::vector<bfloat16> bb(n);
+    h[static_cast<std::size_t>(r)].download(hh);
+    b[static_cast<std::size_t>(r)].download(bb);
+    for (std::size_t i = 0; i < n; ++i) {
+      REQUIRE(hh[i].bits == 0x4900);  // 10.0
+      REQUIRE(bb[i].bits == 0x4020);  // 2.5
+    }
+  }
+}

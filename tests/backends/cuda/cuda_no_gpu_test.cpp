@@ -153,3 +153,30 @@ TEST_CASE("cuda: device leaves are marked device_resident; host leaves are not",
   // What a variable or a batch-axis reduce would read on the host is rejected at compile time:
   // tests/fail/variable_of_device_leaves, reduce_axis0_device_leaf, device_leaf_on_host_device.
 }
+
+// ---- half and bfloat16 through Strategy (device leaves only: the host has no arithmetic) ----
+
+template <class Ops, class E>
+[[maybe_unused]] void all_reduce_16_bit(mirror::Strategy<mirror::devices::Cuda, Ops>& s,
+                                        std::vector<mirror::cuda::device_span<E>>& spans) {
+  s.run([&](auto& ctx) {
+    (void)ctx.all_reduce(ReduceOp::mean, spans[static_cast<std::size_t>(ctx.replica_id_in_sync_group())]);
+    (void)ctx.broadcast(spans[static_cast<std::size_t>(ctx.replica_id_in_sync_group())]);
+  });
+}
+// Instantiated for every policy (compiled and linked in CI; run by tests/gpu on a GPU).
+template void all_reduce_16_bit(mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice>&,
+                                std::vector<mirror::cuda::device_span<mirror::cuda::half>>&);
+template void all_reduce_16_bit(mirror::Strategy<mirror::devices::Cuda, mirror::ops::HierarchicalCopy>&,
+                                std::vector<mirror::cuda::device_span<mirror::cuda::bfloat16>>&);
+#if MIRROR_HAS_NCCL
+template void all_reduce_16_bit(mirror::Strategy<mirror::devices::Cuda, mirror::ops::NcclAllReduce>&,
+                                std::vector<mirror::cuda::device_span<mirror::cuda::half>>&);
+#endif
+
+TEST_CASE("cuda: device_span of half and bfloat16 are leaves", "[cuda][no_gpu]") {
+  STATIC_REQUIRE(mirror::leaf<mirror::cuda::device_span<mirror::cuda::half>>);
+  STATIC_REQUIRE(mirror::leaf<mirror::cuda::device_span<mirror::cuda::bfloat16>>);
+  STATIC_REQUIRE(mirror::device_resident_leaf<mirror::cuda::device_span<mirror::cuda::half>>);
+  STATIC_REQUIRE_FALSE(mirror::leaf<mirror::cuda::device_span<const mirror::cuda::half>>);
+}
