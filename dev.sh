@@ -70,6 +70,11 @@ configure() {
   fi
 }
 
+# The CUDA backend needs nvcc in PATH (Meson looks nowhere else); the toolkit's usual home.
+if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+
 cmd=${1:-}
 [[ -n $cmd ]] || usage 2
 shift

@@ -17,6 +17,14 @@
 /// | `static constexpr bool resizable` | true if `resize(x, n)` exists (broadcast gives it the source's size) |
 /// | `static std::span<E> elements(T&)` and `static std::span<const E> elements(const T&)` | the elements |
 /// | `static void resize(T&, std::size_t)` | only when `resizable` |
+/// | `static constexpr bool device_resident` | optional, default false: the elements live in memory the host must not read (GPU memory) |
+///
+/// **Device-resident leaves** (`device_resident = true`: `mirror::cuda::device_span`,
+/// `thrust::device_vector`) are only ever touched through the device runtime's copy and combine
+/// primitives, never dereferenced by mirror on the host: `Strategy::reduce` reduces them on the
+/// replicas' devices and synchronises the stream holding the result; what would need a host
+/// read (`reduce(op, v, axis0)`, variables) is a compile error, as is using them on a device
+/// whose runtime is `host_addressable` (the CPU would read GPU memory).
 ///
 /// **Example** (a user buffer type):
 /// \code
@@ -105,6 +113,16 @@ struct leaf_traits<std::span<E, Extent>,
 /// True when `leaf_traits<T>` has been specialised (by mirror or by the user).
 template <class T>
 concept leaf = leaf_traits<std::remove_cvref_t<T>>::is_leaf;
+
+/// True when leaf T declares `device_resident = true` (its elements are not host-readable).
+template <class T>
+inline constexpr bool device_resident_leaf = [] {
+  if constexpr (requires { leaf_traits<std::remove_cvref_t<T>>::device_resident; }) {
+    return static_cast<bool>(leaf_traits<std::remove_cvref_t<T>>::device_resident);
+  } else {
+    return false;
+  }
+}();
 
 /// The element type of a leaf.
 template <leaf T>

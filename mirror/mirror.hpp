@@ -33,3 +33,6 @@
 #include <mirror/variable_aggregation.hpp>
 
 #include <backends/threads/threads.hpp>
+#if MIRROR_HAS_CUDA
+#include <backends/cuda/cuda.hpp>  // and, in NCCL builds, backends/nccl (through cuda_device.hpp)
+#endif

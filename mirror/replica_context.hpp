@@ -19,6 +19,7 @@
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
 #include <mirror/detail/collective.hpp>
+#include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/per_replica.hpp>
 #include <mirror/reduce_op.hpp>
@@ -55,6 +56,10 @@ class ReplicaContext {
   template <nest T>
   Synced<std::remove_cvref_t<T>> all_reduce(ReduceOp op, T&& value) {
     using N = std::remove_cvref_t<T>;
+    // The host-addressable runtimes (devices::Threads) combine leaves with CPU loads and stores.
+    static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<N>()),
+                  "mirror::ReplicaContext::all_reduce: the value holds device-resident leaves (GPU memory) but this "
+                  "strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");
     N result(std::forward<T>(value));
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> sizes{};
@@ -81,6 +86,10 @@ class ReplicaContext {
   template <nest T>
   Synced<std::remove_cvref_t<T>> broadcast(T&& value, int from = 0) {
     using N = std::remove_cvref_t<T>;
+    // The host-addressable runtimes (devices::Threads) combine leaves with CPU loads and stores.
+    static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<N>()),
+                  "mirror::ReplicaContext::broadcast: the value holds device-resident leaves (GPU memory) but this "
+                  "strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");
     if (from < 0 || from >= num_replicas_in_sync()) {
       throw std::invalid_argument("mirror::ReplicaContext::broadcast(value, from = " + std::to_string(from) +
                                   ") on replica " + std::to_string(self_) + ": from must be a replica id in 0.." +

@@ -24,6 +24,7 @@
 #include <mirror/detail/collective.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/host_reduce.hpp>
+#include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/run_result.hpp>
 #include <mirror/error.hpp>
 #include <mirror/distributed_dataset.hpp>
@@ -183,6 +184,13 @@ class Strategy {
   /// **Errors**: `mirror::shape_error` when components' leaves differ in size.
   /// Works in cross-replica context: outside `run` (parallel over the device's threads) and inside
   /// a `merge_call` function (on the calling thread).
+  ///
+  /// **Device-resident leaves** (`thrust::device_vector` on `devices::Cuda`; architecture.md
+  /// 2.7): the host never reads them. The replicas all-reduce their components on their own
+  /// devices and streams through the `Ops` policy (so the combination order is the policy's),
+  /// then only replica 0's stream — which already waits for every other stream's part of the
+  /// collective — is synchronised, and replica 0's result is returned (a copy made by T's own
+  /// copy constructor). Outside `run` only: inside `merge_call` it throws `mirror::error`.
   template <class V>
   auto reduce(ReduceOp op, const V& value) {
     static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
@@ -193,6 +201,35 @@ class Strategy {
                   "mirror::Strategy::reduce(op, value): value holds std::span (view) leaves, so the "
                   "result would alias replica 0's buffer; all_reduce the spans inside fn, or reduce "
                   "owning leaves such as std::vector");
+    if constexpr (detail::has_device_leaf<T>()) {
+      return reduce_on_devices(op, value);
+    } else {
+      return reduce_on_host(op, value);
+    }
+  }
+
+ private:
+  template <class V>
+  auto reduce_on_devices(ReduceOp op, const V& value) {
+    using T = typename V::value_type;
+    static_assert(!runtime_type::host_addressable,
+                  "mirror::Strategy::reduce(op, value): value holds device-resident leaves (GPU memory) but "
+                  "this strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host "
+                  "leaves such as std::vector");
+    if (rt_.in_parallel()) {
+      throw error("mirror::Strategy::reduce(op, value): value holds device-resident leaves, which the replicas "
+                  "reduce on their devices; inside fn or merge_call that cannot start — use ctx.all_reduce there");
+    }
+    auto reduced = run([op](auto& ctx, const T& mine) { return ctx.all_reduce(op, mine); }, value);
+    // Every stream's share of the all-reduce precedes the tail of replica 0's stream (the
+    // collective's barriers make it wait on the others' events): that one stream is enough.
+    if constexpr (requires { rt_.synchronize(0); }) rt_.synchronize(0);
+    return T(reduced.primary());
+  }
+
+  template <class V>
+  auto reduce_on_host(ReduceOp op, const V& value) {
+    using T = typename V::value_type;
     const std::span<const T> components(value.begin(), value.end());
     T out = components[0];
     detail::reduce_components(op, components, out,
@@ -200,6 +237,7 @@ class Strategy {
     return out;
   }
 
+ public:
   /// Like `reduce(op, value)`, and also reduces the leading (batch) dimension of every leaf:
   /// `PerReplica<std::vector<float>>` gives `float`. `mean` divides by the total element count
   /// across all replicas, so a ragged last batch is weighted right.
@@ -213,6 +251,11 @@ class Strategy {
                   "mirror::Strategy::reduce(op, value, axis0): value must be a PerReplica<T> or "
                   "Mirrored<T> (what run returns)");
     using T = typename V::value_type;
+    // The batch-axis reduction runs on the host: device memory would be read by the CPU.
+    static_assert(!detail::has_device_leaf<T>(),
+                  "mirror::Strategy::reduce(op, value, axis0): value holds device-resident leaves (GPU memory), "
+                  "which the host cannot read; reduce(op, value) without axis0 (it runs on the devices), then "
+                  "reduce the leading dimension on the device, or return host leaves (std::vector) from fn");
     using R = detail::axis0_result_t<T>;
     const std::span<const T> components = local_results(value);
     std::vector<const T*> ptrs;
@@ -224,7 +267,10 @@ class Strategy {
   }
 
   /// The components of a `PerReplica` or `Mirrored` value, or the copies of a variable, in
-  /// replica order.
+  /// replica order. Nothing is read or copied: device-resident components stay handles to
+  /// device memory, ordered on their replica's stream. Read them with Thrust or `cudaMemcpy`
+  /// on the legacy default stream (which waits for the replicas' blocking streams), or call
+  /// `runtime().synchronize(r)` before reading replica r's memory by other means.
   template <class V>
   static auto local_results(const V& value) {
     static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value || detail::is_variable<V>::value,
@@ -373,7 +419,10 @@ class Strategy {
   template <class E, std::size_t K>
   void all_reduce_leaves(int self, ReduceOp op, const std::array<std::span<E>, K>& host,
                          const detail::collective_header* header) {
-    detail::require_host_element<E>();
+    // Host devices combine with CPU arithmetic (element_ops.hpp). Other devices combine with
+    // their own kernels, and their runtime names the element types it has (CUDA: also
+    // mirror::cuda::half and bfloat16, which are no C++ arithmetic types).
+    if constexpr (runtime_type::host_addressable) detail::require_host_element<E>();
     using pointer = typename runtime_type::template pointer<E>;
     std::array<pointer, K> leaves{};
     std::array<std::size_t, K> sizes{};

@@ -64,6 +64,12 @@ consteval bool all_leaves_own() {
   return []<class... Ls>(type_list<Ls...>) { return (true && ... && !leaf_traits<Ls>::is_view); }(leaf_types_t<T>{});
 }
 
+/// True when some leaf of nest T lives in device memory (leaf_traits::device_resident).
+template <class T>
+consteval bool has_device_leaf() {
+  return []<class... Ls>(type_list<Ls...>) { return (false || ... || device_resident_leaf<Ls>); }(leaf_types_t<T>{});
+}
+
 template <class T>
 consteval bool all_leaves_floating() {
   return []<class... Ls>(type_list<Ls...>) {

@@ -28,8 +28,10 @@ if [[ -z $pc ]]; then
   exit 1
 fi
 export PKG_CONFIG_PATH="$(dirname "$pc")"
-export PKG_CONFIG_SYSROOT_DIR="$destdir"
-flags=$(pkg-config --cflags --libs mirror)
+# Relocate the install prefix into DESTDIR (not PKG_CONFIG_SYSROOT_DIR, which would also prefix
+# paths outside the install, such as the CUDA toolkit's -L and rpath in CUDA builds).
+prefix=$(pkg-config --variable=prefix mirror)
+flags=$(pkg-config --define-variable=prefix="$destdir$prefix" --cflags --libs mirror)
 echo "pkg-config --cflags --libs mirror: $flags"
 
 for program in "$src_dir"/tests/consumer/contract*.cpp; do

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Contract consumer, subproject flavour: a tiny Meson project (tests/consumer/subproject/)
 # with this repository as subprojects/mirror gets mirror through dependency('mirror')
-# (meson.override_dependency), builds tests/consumer/contract.cpp and runs it.
+# (meson.override_dependency), builds tests/consumer/contract.cpp and
+# contract_default_device.cpp (which links the CUDA backend in CUDA builds) and runs them.
 #
 #   run_subproject.sh BUILD_DIR SRC_DIR      (BUILD_DIR is unused: the consumer has its own)
 #                                            (CXX: the compiler command, default g++)
@@ -20,7 +21,8 @@ trap 'rm -rf "$tmp"' EXIT
 proj="$tmp/consumer"
 
 mkdir -p "$proj/subprojects"
-cp "$src_dir/tests/consumer/subproject/meson.build" "$src_dir/tests/consumer/contract.cpp" "$proj/"
+cp "$src_dir/tests/consumer/subproject/meson.build" "$src_dir/tests/consumer/contract.cpp" \
+   "$src_dir/tests/consumer/contract_default_device.cpp" "$proj/"
 ln -s "$src_dir" "$proj/subprojects/mirror"
 
 meson setup "$tmp/build" "$proj" --wrap-mode=nodownload >"$tmp/setup.log" 2>&1 || {
@@ -31,3 +33,5 @@ meson setup "$tmp/build" "$proj" --wrap-mode=nodownload >"$tmp/setup.log" 2>&1 |
 meson compile -C "$tmp/build"
 "$tmp/build/contract"
 echo "PASS: contract.cpp built with mirror as a Meson subproject and ran"
+"$tmp/build/contract_default_device"
+echo "PASS: contract_default_device.cpp (devices::Default, CUDA backend libraries in CUDA builds) ran"

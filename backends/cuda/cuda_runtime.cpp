@@ -1,0 +1,375 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA calls behind backends/cuda/cuda_runtime.hpp: compiled by g++ against the CUDA
+// runtime API into libmirror_cuda. Every call is checked; a failure is a mirror::backend_error
+// with the cudaError_t, its name and its text.
+
+#include <backends/cuda/cuda_runtime.hpp>
+#include <backends/cuda/kernels.hpp>
+#include <cuda_runtime_api.h>
+#include <algorithm>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include <mirror/error.hpp>
+
+namespace mirror::cuda {
+
+int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  return n;
+}
+
+namespace impl {
+namespace {
+
+thread_local void* current = nullptr;  // set by bind() on the replica's thread
+
+[[noreturn]] void fail(cudaError_t e, const std::string& what) {
+  throw backend_error("mirror::devices::Cuda: " + what + " failed: " + cudaGetErrorName(e) + " (" +
+                          cudaGetErrorString(e) + ")",
+                      static_cast<long>(e));
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(e, what);
+}
+
+struct buffer {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+};
+
+}  // namespace
+
+struct replica_state {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t events[2] = {nullptr, nullptr};  // by parity of the barrier: see before_arrival
+  std::size_t calls = 0;                        // exchanges + barriers in this parallel call
+  buffer scratch;                               // the ops policy's accumulator
+  buffer combine_stage;                         // for combines the device cannot reach directly
+  std::vector<buffer> staging;                  // host leaves copied to the device, by attach order
+  std::size_t next_staging = 0, attached = 0;
+};
+
+struct state {
+  std::vector<int> gpus;  // physical devices, in replica order
+  int per_gpu = 1;
+  std::vector<replica_state> replicas;
+  int max_ordinal = 0;
+  std::vector<char> peer;  // peer[a * (max_ordinal + 1) + b]: device a's kernels reach b's memory
+  std::mutex bind_mutex;
+  cudaError_t bind_error = cudaSuccess;
+  int bind_replica = -1;
+
+  bool reaches(int from, int to) const noexcept {
+    return from == to || peer[static_cast<std::size_t>(from * (max_ordinal + 1) + to)] != 0;
+  }
+  replica_state& at(int r) { return replicas[static_cast<std::size_t>(r)]; }
+
+  ~state() {
+    // Best effort: nothing here may throw, and a broken device must not stop the rest.
+    for (auto& rep : replicas) {
+      if (cudaSetDevice(rep.device) != cudaSuccess) continue;
+      if (rep.stream != nullptr) (void)cudaStreamSynchronize(rep.stream);
+      (void)cudaFree(rep.scratch.ptr);
+      (void)cudaFree(rep.combine_stage.ptr);
+      for (auto& b : rep.staging) (void)cudaFree(b.ptr);
+      for (auto& e : rep.events) {
+        if (e != nullptr) (void)cudaEventDestroy(e);
+      }
+      if (rep.stream != nullptr) (void)cudaStreamDestroy(rep.stream);
+    }
+    (void)cudaGetLastError();
+  }
+};
+
+void state_deleter::operator()(state* s) const noexcept { delete s; }
+
+namespace {
+
+// Makes b hold at least `bytes` on `device`. The old buffer is freed only after `wait_for`
+// streams are idle (other replicas may still read or write it).
+void grow(buffer& b, std::size_t bytes, int device, state& s, int only_replica) {
+  if (bytes <= b.bytes && b.ptr != nullptr) return;
+  check(cudaSetDevice(device), "cudaSetDevice");
+  if (b.ptr != nullptr) {
+    if (only_replica >= 0) {
+      check(cudaStreamSynchronize(s.at(only_replica).stream), "cudaStreamSynchronize before growing a buffer");
+    } else {
+      for (auto& rep : s.replicas) check(cudaStreamSynchronize(rep.stream), "cudaStreamSynchronize before growing a buffer");
+    }
+    check(cudaFree(b.ptr), "cudaFree");
+    b = {};
+  }
+  // Round up so that slowly growing leaves do not reallocate every step.
+  const std::size_t want = std::max<std::size_t>(256, bytes + bytes / 4);
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, want);
+  if (e != cudaSuccess) fail(e, "cudaMalloc of " + std::to_string(want) + " bytes on device " + std::to_string(device));
+  b = {p, want};
+}
+
+}  // namespace
+
+state_ptr create_state(std::span<const int> gpus, int replicas_per_gpu) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    const cudaError_t why = e != cudaSuccess ? e : cudaErrorNoDevice;
+    (void)cudaGetLastError();
+    throw backend_error(std::string("mirror::devices::Cuda: no usable CUDA device (cudaGetDeviceCount: ") +
+                            cudaGetErrorName(why) + ": " + cudaGetErrorString(why) +
+                            "); run on mirror::devices::Threads, or let mirror::cuda::with_available_device "
+                            "choose at run time",
+                        static_cast<long>(why));
+  }
+  if (replicas_per_gpu < 1) {
+    throw std::invalid_argument("mirror::devices::Cuda{.replicas_per_gpu = " + std::to_string(replicas_per_gpu) +
+                                "}: replicas_per_gpu must be >= 1");
+  }
+  state_ptr s(new state);
+  s->per_gpu = replicas_per_gpu;
+  if (gpus.empty()) {
+    for (int g = 0; g < count; ++g) s->gpus.push_back(g);
+  } else {
+    for (const int g : gpus) {
+      if (g < 0 || g >= count) {
+        throw std::invalid_argument("mirror::devices::Cuda{.gpus}: GPU " + std::to_string(g) + " does not exist; this " +
+                                    "process sees " + std::to_string(count) + " (ordinals 0.." +
+                                    std::to_string(count - 1) + ", after CUDA_VISIBLE_DEVICES)");
+      }
+      if (std::find(s->gpus.begin(), s->gpus.end(), g) != s->gpus.end()) {
+        throw std::invalid_argument("mirror::devices::Cuda{.gpus}: GPU " + std::to_string(g) +
+                                    " is listed twice; list each GPU once and set .replicas_per_gpu for several "
+                                    "replicas on one GPU");
+      }
+      s->gpus.push_back(g);
+    }
+  }
+  int previous = 0;
+  check(cudaGetDevice(&previous), "cudaGetDevice");
+  s->max_ordinal = *std::max_element(s->gpus.begin(), s->gpus.end());
+  const std::size_t side = static_cast<std::size_t>(s->max_ordinal + 1);
+  s->peer.assign(side * side, 0);
+  s->replicas.resize(s->gpus.size() * static_cast<std::size_t>(replicas_per_gpu));
+  for (std::size_t r = 0; r < s->replicas.size(); ++r) {
+    replica_state& rep = s->replicas[r];
+    rep.device = s->gpus[r / static_cast<std::size_t>(replicas_per_gpu)];
+    check(cudaSetDevice(rep.device), "cudaSetDevice");
+    // A blocking stream (not cudaStreamNonBlocking): it orders with the legacy default stream,
+    // where Thrust's device_vector copies run, so they see the replica's earlier kernels.
+    check(cudaStreamCreate(&rep.stream), "cudaStreamCreate");
+    for (auto& ev : rep.events) check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  // Peer access where the hardware allows it: kernels then read and write other GPUs' memory
+  // directly. Elsewhere combine() stages through its own device, and cudaMemcpyPeerAsync is
+  // staged by the driver through host memory.
+  for (const int a : s->gpus) {
+    for (const int b : s->gpus) {
+      if (a == b) continue;
+      int can = 0;
+      check(cudaDeviceCanAccessPeer(&can, a, b), "cudaDeviceCanAccessPeer");
+      if (can == 0) continue;
+      check(cudaSetDevice(a), "cudaSetDevice");
+      const cudaError_t pe = cudaDeviceEnablePeerAccess(b, 0);
+      if (pe == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+      } else {
+        check(pe, "cudaDeviceEnablePeerAccess");
+      }
+      s->peer[static_cast<std::size_t>(a) * side + static_cast<std::size_t>(b)] = 1;
+    }
+  }
+  check(cudaSetDevice(previous), "cudaSetDevice");
+  return s;
+}
+
+int num_replicas(const state& s) noexcept { return static_cast<int>(s.replicas.size()); }
+int device_of(const state& s, int r) noexcept { return s.replicas[static_cast<std::size_t>(r)].device; }
+int replicas_per_gpu(const state& s) noexcept { return s.per_gpu; }
+std::span<const int> gpus(const state& s) noexcept { return s.gpus; }
+void* stream_of(const state& s, int r) noexcept { return s.replicas[static_cast<std::size_t>(r)].stream; }
+
+bool bind(state& s, int r) noexcept {
+  const cudaError_t e = cudaSetDevice(s.at(r).device);
+  current = s.at(r).stream;
+  if (e == cudaSuccess) return true;
+  current = nullptr;
+  std::lock_guard lock(s.bind_mutex);
+  if (s.bind_replica < 0) {
+    s.bind_error = e;
+    s.bind_replica = r;
+  }
+  return false;
+}
+
+void throw_bind_error(state& s) {
+  cudaError_t e;
+  int r;
+  {
+    std::lock_guard lock(s.bind_mutex);
+    e = s.bind_error;
+    r = s.bind_replica;
+    s.bind_error = cudaSuccess;
+    s.bind_replica = -1;
+  }
+  fail(e, "cudaSetDevice for replica " + std::to_string(r));
+}
+
+void begin_parallel(state& s) noexcept {
+  for (auto& rep : s.replicas) {
+    rep.calls = 0;
+    rep.next_staging = 0;
+    rep.attached = 0;
+  }
+}
+
+// The event of call k is events[k % 2]: a replica records events[p] again only two barriers
+// later, and the second of those cannot open before every other replica has waited on it.
+void before_arrival(state& s, int self) {
+  replica_state& me = s.at(self);
+  check(cudaEventRecord(me.events[me.calls & 1u], me.stream), "cudaEventRecord");
+  ++me.calls;
+}
+
+void after_arrival(state& s, int self) {
+  replica_state& me = s.at(self);
+  const std::size_t parity = (me.calls - 1) & 1u;
+  for (int r = 0; r < num_replicas(s); ++r) {
+    if (r == self) continue;
+    check(cudaStreamWaitEvent(me.stream, s.at(r).events[parity], 0), "cudaStreamWaitEvent");
+  }
+}
+
+located attach(state& s, int self, void* host, std::size_t bytes) {
+  replica_state& me = s.at(self);
+  if (bytes == 0) return {host, me.device};
+  cudaPointerAttributes attributes{};
+  check(cudaPointerGetAttributes(&attributes, host), "cudaPointerGetAttributes");
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
+    return {host, attributes.device};  // a device leaf: reduced in place
+  }
+  if (me.next_staging == me.staging.size()) me.staging.emplace_back();
+  buffer& b = me.staging[me.next_staging++];
+  grow(b, bytes, me.device, s, self);
+  ++me.attached;
+  check(cudaMemcpyAsync(b.ptr, host, bytes, cudaMemcpyHostToDevice, me.stream), "cudaMemcpyAsync to the device");
+  return {b.ptr, me.device};
+}
+
+void detach(state& s, int self, located dev, void* host, std::size_t bytes) {
+  replica_state& me = s.at(self);
+  if (bytes == 0 || dev.ptr == host) return;
+  check(cudaMemcpyAsync(host, dev.ptr, bytes, cudaMemcpyDeviceToHost, me.stream), "cudaMemcpyAsync to the host");
+  if (--me.attached == 0) {
+    me.next_staging = 0;
+    // The host reads its leaves as soon as the collective returns.
+    check(cudaStreamSynchronize(me.stream), "cudaStreamSynchronize");
+  }
+}
+
+located scratch(state& s, int self, std::size_t bytes) {
+  replica_state& me = s.at(self);
+  grow(me.scratch, bytes, me.device, s, -1);  // other replicas use it: all streams must be idle
+  check(cudaSetDevice(me.device), "cudaSetDevice");
+  return {me.scratch.ptr, me.device};
+}
+
+void copy(state& s, int self, located dst, located src, std::size_t bytes) {
+  replica_state& me = s.at(self);
+  if (dst.device == src.device) {
+    check(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice, me.stream), "cudaMemcpyAsync");
+  } else {
+    check(cudaMemcpyPeerAsync(dst.ptr, dst.device, src.ptr, src.device, bytes, me.stream), "cudaMemcpyPeerAsync");
+  }
+}
+
+void combine(state& s, int self, ReduceOp op, element_type type, located dst, located src, std::size_t n,
+             std::size_t element_bytes) {
+  if (n == 0) return;
+  replica_state& me = s.at(self);
+  if (s.reaches(me.device, dst.device) && s.reaches(me.device, src.device)) {
+    const int e = launch_combine(me.stream, op, type, dst.ptr, src.ptr, n);
+    if (e != 0) fail(static_cast<cudaError_t>(e), "the combine kernel launch");
+    return;
+  }
+  // No peer access: bring both operands to this replica's device, combine, send the result back.
+  const std::size_t bytes = n * element_bytes;
+  grow(me.combine_stage, 2 * bytes, me.device, s, self);
+  check(cudaSetDevice(me.device), "cudaSetDevice");
+  const located a{me.combine_stage.ptr, me.device};
+  const located b{static_cast<char*>(me.combine_stage.ptr) + bytes, me.device};
+  copy(s, self, a, dst, bytes);
+  copy(s, self, b, src, bytes);
+  const int e = launch_combine(me.stream, op, type, a.ptr, b.ptr, n);
+  if (e != 0) fail(static_cast<cudaError_t>(e), "the combine kernel launch");
+  copy(s, self, dst, a, bytes);
+}
+
+void divide(state& s, int self, element_type type, located p, std::size_t n, std::size_t count,
+            std::size_t element_bytes) {
+  if (n == 0) return;
+  replica_state& me = s.at(self);
+  if (s.reaches(me.device, p.device)) {
+    const int e = launch_divide(me.stream, type, p.ptr, n, count);
+    if (e != 0) fail(static_cast<cudaError_t>(e), "the divide kernel launch");
+    return;
+  }
+  const std::size_t bytes = n * element_bytes;
+  grow(me.combine_stage, bytes, me.device, s, self);
+  check(cudaSetDevice(me.device), "cudaSetDevice");
+  const located a{me.combine_stage.ptr, me.device};
+  copy(s, self, a, p, bytes);
+  const int e = launch_divide(me.stream, type, a.ptr, n, count);
+  if (e != 0) fail(static_cast<cudaError_t>(e), "the divide kernel launch");
+  copy(s, self, p, a, bytes);
+}
+
+void synchronize(state& s, int r) { check(cudaStreamSynchronize(s.at(r).stream), "cudaStreamSynchronize"); }
+
+}  // namespace impl
+
+void* current_stream() noexcept { return impl::current; }
+
+}  // namespace mirror::cuda
+
+namespace mirror::cuda::impl {
+
+void* buffer_allocate(int device, std::size_t bytes) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
+  if (e != cudaSuccess) fail(e, "cudaMalloc of " + std::to_string(bytes) + " bytes on device " + std::to_string(device));
+  return p;
+}
+
+void buffer_free(int device, void* p) noexcept {
+  if (p == nullptr) return;
+  int previous = 0;
+  (void)cudaGetDevice(&previous);
+  (void)cudaSetDevice(device);
+  (void)cudaFree(p);
+  (void)cudaSetDevice(previous);
+}
+
+// cudaMemcpy orders with the legacy default stream, which the replicas' blocking streams also
+// order with; the device synchronisation makes "the data is there" plain for the caller.
+void buffer_upload(int device, void* dst, const void* src, std::size_t bytes) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
+}
+
+void buffer_download(int device, void* dst, const void* src, std::size_t bytes) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
+}
+
+}  // namespace mirror::cuda::impl

@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The runtime of devices::Cuda (models mirror::device_runtime, mirror/concepts/device.hpp).
+//
+// Control plane: the threads backend's pool, one host thread per replica, with that replica's
+// device current while fn runs. Memory plane: device memory through cudaMalloc, one stream per
+// replica; copies, combines and divides are enqueued on the calling replica's stream.
+// Ordering across streams rides on the control plane: at every exchange and barrier each
+// replica records an event on its stream before it arrives and, once all have arrived, makes
+// its stream wait for every other replica's event. So work enqueued before a barrier on any
+// stream precedes work enqueued after it on every stream, and the host never blocks on the GPU
+// (except to hand a host leaf back, detach).
+//
+// Everything that calls CUDA lives in cuda_runtime.cpp (libmirror_cuda); this header declares
+// it, so g++ compiles it without CUDA headers. Every CUDA failure is a mirror::backend_error
+// carrying the cudaError_t and its text.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+#include <backends/cuda/device_ptr.hpp>
+#include <backends/cuda/element_type.hpp>
+#include <backends/threads/threads_runtime.hpp>
+#include <mirror/detail/exchanged.hpp>
+#include <mirror/reduce_op.hpp>
+
+namespace mirror::cuda {
+
+/// Number of CUDA devices this process can use; 0 when there is none, no driver, or the
+/// driver is too old (never throws: this is the question a fallback asks).
+int device_count() noexcept;
+
+/// Inside `fn` on `devices::Cuda`: the calling replica's stream (a `cudaStream_t` as `void*`).
+/// Kernels and copies enqueued there are ordered with the replica's collectives. Null on a
+/// thread that is not running a replica.
+void* current_stream() noexcept;
+
+namespace impl {
+
+struct state;  // streams, events, buffers, peer map: defined in cuda_runtime.cpp
+struct state_deleter {
+  void operator()(state*) const noexcept;
+};
+using state_ptr = std::unique_ptr<state, state_deleter>;
+
+/// Where a buffer lives: an address and its device ordinal.
+struct located {
+  void* ptr;
+  int device;
+};
+
+// All of these throw mirror::backend_error (or std::invalid_argument for a bad setting).
+state_ptr create_state(std::span<const int> gpus, int replicas_per_gpu);
+int num_replicas(const state&) noexcept;
+int device_of(const state&, int replica) noexcept;
+int replicas_per_gpu(const state&) noexcept;
+std::span<const int> gpus(const state&) noexcept;
+void* stream_of(const state&, int replica) noexcept;  // a cudaStream_t
+bool bind(state&, int replica) noexcept;               // make replica's device current; false on failure
+[[noreturn]] void throw_bind_error(state&);
+void begin_parallel(state&) noexcept;
+void before_arrival(state&, int self);
+void after_arrival(state&, int self);
+located attach(state&, int self, void* host, std::size_t bytes);
+void detach(state&, int self, located dev, void* host, std::size_t bytes);
+located scratch(state&, int self, std::size_t bytes);
+void copy(state&, int self, located dst, located src, std::size_t bytes);
+void combine(state&, int self, ReduceOp op, element_type type, located dst, located src, std::size_t n,
+             std::size_t element_bytes);
+void divide(state&, int self, element_type type, located p, std::size_t n, std::size_t count,
+            std::size_t element_bytes);
+void synchronize(state&, int replica);
+
+}  // namespace impl
+
+/// The runtime of `devices::Cuda`: owns the streams, events and buffers of every replica.
+class runtime {
+ public:
+  template <class E>
+  using pointer = device_ptr<E>;
+  /// Device memory is not readable by the replicas' host threads.
+  static constexpr bool host_addressable = false;
+  static constexpr std::size_t max_exchange_bytes = threads::runtime::max_exchange_bytes;
+
+  /// `gpus` empty: every visible GPU. Throws `mirror::backend_error` when CUDA has no device.
+  runtime(std::span<const int> gpus, int replicas_per_gpu, std::chrono::milliseconds timeout)
+      : state_(impl::create_state(gpus, replicas_per_gpu)), host_(impl::num_replicas(*state_), timeout),
+        timeout_(timeout) {}
+
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
+  ~runtime() = default;
+
+  int num_replicas() const noexcept { return host_.num_replicas(); }
+  bool in_parallel() const noexcept { return host_.in_parallel(); }
+
+  /// Calls f(r) on every replica's thread with replica r's device current.
+  template <class F>
+  void parallel(F&& f) {
+    static_assert(std::is_nothrow_invocable_v<F&, int>, "runtime::parallel(f): f(int) must be noexcept");
+    impl::begin_parallel(*state_);
+    std::atomic<bool> failed{false};
+    host_.parallel([&](int r) noexcept {
+      // A replica whose device cannot be made current runs nothing; the others' collectives are
+      // cancelled, and the CUDA error is thrown once all have returned.
+      if (!impl::bind(*state_, r)) {
+        failed.store(true);
+        host_.cancel();
+        return;
+      }
+      f(r);
+    });
+    if (failed.load()) impl::throw_bind_error(*state_);
+  }
+
+  void cancel() { host_.cancel(); }
+
+  template <class P>
+  mirror::detail::exchanged<P> exchange(int self, const P& payload) {
+    impl::before_arrival(*state_, self);
+    auto all = host_.exchange(self, payload);
+    impl::after_arrival(*state_, self);
+    return all;
+  }
+
+  void barrier(int self) {
+    impl::before_arrival(*state_, self);
+    host_.barrier(self);
+    impl::after_arrival(*state_, self);
+  }
+
+  // ---- memory plane ----
+
+  /// A leaf in device memory is used in place; a host leaf is copied to a staging buffer on
+  /// `self`'s device (and copied back by `detach`).
+  template <class E>
+  pointer<E> attach(int self, std::span<E> leaf) {
+    const auto l = impl::attach(*state_, self, const_cast<std::remove_const_t<E>*>(leaf.data()), leaf.size_bytes());
+    return {static_cast<E*>(l.ptr), l.device};
+  }
+  template <class E>
+  void detach(int self, pointer<E> p, std::span<E> leaf) {
+    impl::detach(*state_, self, {const_cast<std::remove_const_t<E>*>(p.ptr), p.device},
+                 const_cast<std::remove_const_t<E>*>(leaf.data()), leaf.size_bytes());
+  }
+  template <class E>
+  pointer<E> scratch(int self, std::size_t n) {
+    const auto l = impl::scratch(*state_, self, n * sizeof(E));
+    return {static_cast<E*>(l.ptr), l.device};
+  }
+  template <class E>
+  void copy(int self, pointer<E> dst, pointer<E> src, std::size_t n) {
+    if (n == 0 || dst == src) return;
+    impl::copy(*state_, self, {dst.ptr, dst.device}, {const_cast<std::remove_const_t<E>*>(src.ptr), src.device},
+               n * sizeof(E));
+  }
+  template <class E>
+  void combine(int self, ReduceOp op, pointer<E> dst, pointer<E> src, std::size_t n) {
+    impl::combine(*state_, self, op, element_type_of<E>(), {dst.ptr, dst.device},
+                  {const_cast<std::remove_const_t<E>*>(src.ptr), src.device}, n, sizeof(E));
+  }
+  template <class E>
+  void divide(int self, pointer<E> p, std::size_t n, std::size_t count) {
+    impl::divide(*state_, self, element_type_of<E>(), {p.ptr, p.device}, n, count, sizeof(E));
+  }
+
+  // ---- for backends (NCCL), tests and benchmarks ----
+
+  /// Replica r's CUDA device ordinal.
+  int device_of(int replica) const noexcept { return impl::device_of(*state_, replica); }
+  /// Replica r's stream, as a `cudaStream_t` cast to `void*`.
+  void* stream_of(int replica) const noexcept { return impl::stream_of(*state_, replica); }
+  /// Logical devices per GPU (`devices::Cuda::replicas_per_gpu`).
+  int replicas_per_gpu() const noexcept { return impl::replicas_per_gpu(*state_); }
+  /// The GPU ordinals in use, one per physical device, in replica order.
+  std::span<const int> gpus() const noexcept { return impl::gpus(*state_); }
+  /// The collective timeout of the device policy.
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// Blocks until replica r's stream has finished its work.
+  void synchronize(int replica) { impl::synchronize(*state_, replica); }
+
+  /// State a cross-device ops policy keeps for the lifetime of this runtime (NCCL keeps its
+  /// communicators here: created once per device set, reused by every collective).
+  template <class T, class Make>
+  T& extension(Make&& make) {
+    if (!extension_) {
+      T* made = make();
+      extension_ = std::unique_ptr<void, void (*)(void*)>(made, [](void* p) { delete static_cast<T*>(p); });
+    }
+    return *static_cast<T*>(extension_.get());
+  }
+
+ private:
+  impl::state_ptr state_;  // first: the pool's threads must stop before the streams go
+  threads::runtime host_;
+  std::chrono::milliseconds timeout_;
+  // Destroyed first (declared last): communicators go before the streams they use.
+  std::unique_ptr<void, void (*)(void*)> extension_{nullptr, [](void*) {}};
+};
+
+}  // namespace mirror::cuda

@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: Apache-2.0
+// The element-wise kernels of the CUDA backend (declared in kernels.hpp). Kept deliberately
+// simple: one grid-stride loop per operation, combining in the element type exactly like the
+// host code in mirror/detail/element_ops.hpp, so GPU and CPU results have the same bits.
+// 16-bit floats are combined in float and rounded back (round to nearest even).
+
+#include <backends/cuda/kernels.hpp>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace mirror::cuda::impl {
+namespace {
+
+// How an element type computes: T itself, or float for the 16-bit floats.
+template <class T>
+struct arith {
+  using type = T;
+  __device__ static type load(T x) { return x; }
+  __device__ static T store(type x) { return x; }
+};
+template <>
+struct arith<__half> {
+  using type = float;
+  __device__ static float load(__half x) { return __half2float(x); }
+  __device__ static __half store(float x) { return __float2half_rn(x); }
+};
+template <>
+struct arith<__nv_bfloat16> {
+  using type = float;
+  __device__ static float load(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ static __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
+};
+
+template <class T>
+__global__ void combine_kernel(ReduceOp op, T* __restrict__ dst, const T* __restrict__ src, std::size_t n) {
+  using A = arith<T>;
+  using V = typename A::type;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const V a = A::load(dst[i]), b = A::load(src[i]);
+    V r = a;
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::mean: r = static_cast<V>(a + b); break;
+      case ReduceOp::prod: r = static_cast<V>(a * b); break;
+      case ReduceOp::min: r = b < a ? b : a; break;
+      case ReduceOp::max: r = a < b ? b : a; break;
+    }
+    dst[i] = A::store(r);
+  }
+}
+
+template <class T>
+__device__ T divide_one(T x, std::size_t count) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return x / static_cast<T>(count);
+  } else if constexpr (std::is_signed_v<T>) {
+    return static_cast<T>(static_cast<long long>(x) / static_cast<long long>(count));
+  } else {
+    return static_cast<T>(static_cast<unsigned long long>(x) / count);
+  }
+}
+
+template <class T>
+__global__ void divide_kernel(T* p, std::size_t n, std::size_t count) {
+  using A = arith<T>;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    p[i] = A::store(divide_one(A::load(p[i]), count));
+  }
+}
+
+constexpr unsigned threads_per_block = 256;
+// Enough blocks to fill an H100/H200 (132 SMs x 8 resident blocks of 256) several times over;
+// larger arrays are covered by the grid-stride loops.
+constexpr std::size_t max_blocks = 8192;
+
+unsigned blocks_for(std::size_t n) {
+  const std::size_t b = (n + threads_per_block - 1) / threads_per_block;
+  return static_cast<unsigned>(b < max_blocks ? b : max_blocks);
+}
+
+}  // namespace
+
+/// Typed launchers, explicitly instantiated below for every supported element type.
+template <class T>
+int combine_as(void* stream, ReduceOp op, void* dst, const void* src, std::size_t n) noexcept {
+  if (n == 0) return 0;
+  combine_kernel<T><<<blocks_for(n), threads_per_block, 0, static_cast<cudaStream_t>(stream)>>>(
+      op, static_cast<T*>(dst), static_cast<const T*>(src), n);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <class T>
+int divide_as(void* stream, void* p, std::size_t n, std::size_t count) noexcept {
+  if (n == 0) return 0;
+  divide_kernel<T><<<blocks_for(n), threads_per_block, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<T*>(p), n,
+                                                                                               count);
+  return static_cast<int>(cudaGetLastError());
+}
+
+#define MIRROR_CUDA_INSTANTIATE(T)                                                             \
+  template int combine_as<T>(void*, ReduceOp, void*, const void*, std::size_t) noexcept; \
+  template int divide_as<T>(void*, void*, std::size_t, std::size_t) noexcept;
+MIRROR_CUDA_INSTANTIATE(float)
+MIRROR_CUDA_INSTANTIATE(double)
+MIRROR_CUDA_INSTANTIATE(__half)
+MIRROR_CUDA_INSTANTIATE(__nv_bfloat16)
+MIRROR_CUDA_INSTANTIATE(std::int32_t)
+MIRROR_CUDA_INSTANTIATE(std::int64_t)
+MIRROR_CUDA_INSTANTIATE(std::uint8_t)
+#undef MIRROR_CUDA_INSTANTIATE
+
+int launch_combine(void* stream, ReduceOp op, element_type type, void* dst, const void* src, std::size_t n) noexcept {
+  switch (type) {
+    case element_type::f32: return combine_as<float>(stream, op, dst, src, n);
+    case element_type::f64: return combine_as<double>(stream, op, dst, src, n);
+    case element_type::f16: return combine_as<__half>(stream, op, dst, src, n);
+    case element_type::bf16: return combine_as<__nv_bfloat16>(stream, op, dst, src, n);
+    case element_type::i32: return combine_as<std::int32_t>(stream, op, dst, src, n);
+    case element_type::i64: return combine_as<std::int64_t>(stream, op, dst, src, n);
+    case element_type::u8: return combine_as<std::uint8_t>(stream, op, dst, src, n);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int launch_divide(void* stream, element_type type, void* p, std::size_t n, std::size_t count) noexcept {
+  switch (type) {
+    case element_type::f32: return divide_as<float>(stream, p, n, count);
+    case element_type::f64: return divide_as<double>(stream, p, n, count);
+    case element_type::f16: return divide_as<__half>(stream, p, n, count);
+    case element_type::bf16: return divide_as<__nv_bfloat16>(stream, p, n, count);
+    case element_type::i32: return divide_as<std::int32_t>(stream, p, n, count);
+    case element_type::i64: return divide_as<std::int64_t>(stream, p, n, count);
+    case element_type::u8: return divide_as<std::uint8_t>(stream, p, n, count);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // namespace mirror::cuda::impl

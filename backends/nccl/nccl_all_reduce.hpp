@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::ops::NcclAllReduce`: all-reduce with NCCL, leaves packed by TF's rule.
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+#include <backends/cuda/cuda_device.hpp>
+#include <backends/nccl/nccl_comms.hpp>
+#include <mirror/concepts/cross_device_ops.hpp>
+#include <mirror/default_ops.hpp>
+#include <mirror/detail/collective.hpp>
+#include <mirror/detail/segments.hpp>
+#include <mirror/reduce_op.hpp>
+
+namespace mirror::ops {
+
+/// TF's `NcclAllReduce`: one NCCL communicator per replica, created once by the `Strategy`
+/// constructor and reused; the leaves of one element type are concatenated and split into
+/// `num_packs` packs (each `total / num_packs` elements, the last takes the rest; `0` = one
+/// all-reduce per leaf, unpacked), and every pack is reduced by `ncclAllReduce` inside one
+/// `ncclGroupStart`/`ncclGroupEnd`. Every `ReduceOp`: `mean` is `ncclAvg` for floating point,
+/// and a sum divided as C++ divides for integers (NCCL's integer average rounds differently).
+///
+/// **Requires**: `devices::Cuda` with one replica per GPU — NCCL refuses two ranks on one GPU,
+/// so `replicas_per_gpu > 1` is refused at construction (use `ReductionToOneDevice` or
+/// `HierarchicalCopy` there); `num_packs >= 0`.
+/// **Errors**: `std::invalid_argument` at construction for the settings above;
+/// `mirror::backend_error` (with the `ncclResult_t`) when NCCL fails; a collective that does not
+/// complete within the device's `timeout` aborts the communicators and throws
+/// `mirror::timeout_error` naming the replicas that had not enqueued it (the strategy must then
+/// be rebuilt: later NCCL collectives throw `backend_error`).
+/// **Communication**: NCCL's ring or tree, about 2·(N-1)/N·S bytes per replica. A call returns
+/// once the all-reduce is enqueued on the replica's stream (architecture.md 2.7); a watchdog
+/// checks each one's completion at the replica's next NCCL call (waiting only when 16 are
+/// unfinished) and aborts the communicators if one is not done within the device's `timeout`.
+struct NcclAllReduce {
+  int num_packs = 1;  ///< packs the concatenated leaves are split into; 0 = one per leaf
+
+  friend bool operator==(const NcclAllReduce&, const NcclAllReduce&) = default;
+
+  /// The reason these settings cannot run on a device with `replicas_per_gpu` replicas on each
+  /// of `gpus`, or an empty string. (Needs no GPU: the constructor's check, unit-tested alone.)
+  static std::string refusal(int num_packs, int replicas_per_gpu) {
+    if (num_packs < 0) {
+      return "mirror::ops::NcclAllReduce{.num_packs = " + std::to_string(num_packs) +
+             "}: num_packs must be >= 0 (0 = one all-reduce per leaf)";
+    }
+    if (replicas_per_gpu > 1) {
+      return "mirror::ops::NcclAllReduce: devices::Cuda{.replicas_per_gpu = " + std::to_string(replicas_per_gpu) +
+             "} puts several replicas on one GPU, and NCCL refuses two ranks on one GPU; use "
+             "mirror::ops::ReductionToOneDevice or mirror::ops::HierarchicalCopy with logical devices, or one "
+             "replica per GPU with NcclAllReduce";
+    }
+    return {};
+  }
+
+  /// The elements [first, second) of the concatenated leaves that form pack `i` of `packs`
+  /// (TF's `_ConcatAndSplitPacker`: `total / packs` each, the last takes the rest).
+  static constexpr std::pair<std::size_t, std::size_t> pack_range(std::size_t i, std::size_t packs,
+                                                                  std::size_t total) noexcept {
+    const std::size_t per = total / packs;
+    return {i * per, i + 1 == packs ? total : (i + 1) * per};
+  }
+
+  /// Called by `Strategy`'s constructor: checks the settings and creates the communicators.
+  template <class Rt>
+    requires std::derived_from<Rt, cuda::runtime>
+  void validate(Rt& rt) const {
+    if (const std::string why = refusal(num_packs, rt.replicas_per_gpu()); !why.empty()) {
+      throw std::invalid_argument(why);
+    }
+    comms_of(rt);
+  }
+
+  template <class Rt, class E>
+    requires std::derived_from<Rt, cuda::runtime>
+  void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
+    using pointer = typename Rt::template pointer<E>;
+    Rt& rt = c.runtime();
+    const int self = c.self();
+    const std::size_t k_leaves = s.leaves.size();
+    const bool concat = num_packs > 0 && k_leaves > 1;
+    const pointer packed = concat ? rt.template scratch<E>(self, s.total) : pointer{};
+    // The agreement check, and a barrier: a replica that never comes is named by the device's
+    // timeout here, before any NCCL call could wait for it on the GPU.
+    c.exchange(char{0});
+    if (c.num_replicas() == 1) return;
+    std::vector<void*> buffers;
+    std::vector<std::size_t> counts;
+    if (num_packs == 0) {
+      for (std::size_t k = 0; k < k_leaves; ++k) {
+        buffers.push_back(s.leaves[k].ptr);
+        counts.push_back(s.sizes[k]);
+      }
+    } else {
+      // One leaf needs no concatenation: its packs are slices of it.
+      const pointer base = concat ? packed : s.leaves[0];
+      if (concat) {
+        std::size_t at = 0;
+        for (std::size_t k = 0; k < k_leaves; ++k) {
+          rt.copy(self, packed + at, s.leaves[k], s.sizes[k]);
+          at += s.sizes[k];
+        }
+      }
+      const std::size_t packs = static_cast<std::size_t>(num_packs);
+      for (std::size_t i = 0; i < packs; ++i) {
+        const auto [a, b] = pack_range(i, packs, s.total);
+        buffers.push_back((base + a).ptr);
+        counts.push_back(b - a);
+      }
+    }
+    nccl::impl::all_reduce(comms_of(rt), self, rt.stream_of(self), op, cuda::element_type_of<E>(), buffers, counts,
+                           rt.timeout());
+    if (concat) {
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < k_leaves; ++k) {
+        rt.copy(self, s.leaves[k], packed + at, s.sizes[k]);
+        at += s.sizes[k];
+      }
+    }
+  }
+
+ private:
+  struct comms_holder {
+    nccl::impl::comms* comms;
+    ~comms_holder() { nccl::impl::destroy_comms(comms); }
+  };
+  static nccl::impl::comms& comms_of(cuda::runtime& rt) {
+    return *rt.extension<comms_holder>([&] {
+             std::vector<int> devices;
+             for (int r = 0; r < rt.num_replicas(); ++r) devices.push_back(rt.device_of(r));
+             return new comms_holder{nccl::impl::create_comms(devices, rt.timeout())};
+           }).comms;
+  }
+};
+
+static_assert(cross_device_ops<NcclAllReduce, devices::Cuda>);
+
+}  // namespace mirror::ops
+
+namespace mirror {
+/// `devices::Cuda` reduces with NCCL by default in builds with NCCL (TF's choice on GPUs).
+template <>
+struct default_ops<devices::Cuda> {
+  using type = ops::NcclAllReduce;
+};
+}  // namespace mirror

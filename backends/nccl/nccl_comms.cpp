@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+// Communicators and the watchdog of ops::NcclAllReduce (declared in nccl_comms.hpp).
+// Communicators are non-blocking (ncclConfig_t::blocking = 0), so no NCCL call can hang the
+// host: every wait polls ncclCommGetAsyncError and the completion event against a deadline,
+// and a deadline that passes aborts the communicators (ncclCommAbort), which is NCCL's
+// documented way to get a hung collective off the GPU.
+
+#include <backends/nccl/nccl_comms.hpp>
+#include <backends/cuda/kernels.hpp>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+#include <mirror/error.hpp>
+
+namespace mirror::nccl::impl {
+
+// How many all-reduces a rank may have on its stream, unfinished, before the next one waits for
+// the oldest: the host runs ahead of the GPU (architecture.md 2.7) by at most this many NCCL
+// collectives, and the watchdog still sees every one of them complete or time out.
+constexpr std::size_t max_in_flight = 16;
+
+// One rank's unfinished collectives: a ring of completion events, each with its deadline.
+// Touched only by that rank's host thread (and by destroy_comms once those threads are idle).
+struct in_flight {
+  cudaEvent_t events[max_in_flight] = {};
+  std::chrono::steady_clock::time_point deadlines[max_in_flight] = {};
+  std::uint64_t sequences[max_in_flight] = {};
+  std::size_t oldest = 0, count = 0;
+};
+
+struct comms {
+  std::vector<int> devices;
+  std::vector<ncclComm_t> comm;
+  std::vector<in_flight> pending;                      // per rank
+  std::unique_ptr<std::atomic<std::uint64_t>[]> entered;  // per rank: collectives enqueued
+  std::atomic<bool> aborted{false};
+  std::mutex abort_mutex;
+};
+
+namespace {
+
+[[noreturn]] void fail_nccl(ncclResult_t r, const std::string& what) {
+  throw backend_error("mirror::ops::NcclAllReduce: " + what + " failed: ncclResult_t " + std::to_string(r) + " (" +
+                          ncclGetErrorString(r) + ")",
+                      static_cast<long>(r));
+}
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess && r != ncclInProgress) fail_nccl(r, what);
+}
+void check_cuda(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) {
+    throw backend_error("mirror::ops::NcclAllReduce: " + what + " failed: " + cudaGetErrorName(e) + " (" +
+                            cudaGetErrorString(e) + ")",
+                        static_cast<long>(e));
+  }
+}
+
+ncclDataType_t nccl_type(cuda::element_type t) {
+  switch (t) {
+    case cuda::element_type::f32: return ncclFloat32;
+    case cuda::element_type::f64: return ncclFloat64;
+    case cuda::element_type::f16: return ncclFloat16;
+    case cuda::element_type::bf16: return ncclBfloat16;
+    case cuda::element_type::i32: return ncclInt32;
+    case cuda::element_type::i64: return ncclInt64;
+    case cuda::element_type::u8: return ncclUint8;
+  }
+  return ncclFloat32;
+}
+
+bool is_float(cuda::element_type t) {
+  return t == cuda::element_type::f32 || t == cuda::element_type::f64 || t == cuda::element_type::f16 ||
+         t == cuda::element_type::bf16;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op, cuda::element_type t) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::prod: return ncclProd;
+    case ReduceOp::min: return ncclMin;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::mean: return is_float(t) ? ncclAvg : ncclSum;  // integers: sum, then divide as C++ does
+  }
+  return ncclSum;
+}
+
+void abort_all(comms& c) {
+  std::lock_guard lock(c.abort_mutex);
+  if (c.aborted.exchange(true)) return;
+  for (ncclComm_t comm : c.comm) {
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+  }
+}
+
+// Polls until `ready()` or the deadline; between polls, NCCL's asynchronous error of `comm`.
+template <class Ready>
+bool wait_until(ncclComm_t comm, std::chrono::steady_clock::time_point deadline, Ready&& ready) {
+  for (unsigned spins = 0;; ++spins) {
+    if (ready()) return true;
+    ncclResult_t async = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError");
+    if (async != ncclSuccess && async != ncclInProgress) fail_nccl(async, "an NCCL collective (asynchronous error)");
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace
+
+int version() noexcept {
+  int v = 0;
+  (void)ncclGetVersion(&v);
+  return v;
+}
+
+comms* create_comms(std::span<const int> devices, std::chrono::milliseconds timeout) {
+  auto c = std::make_unique<comms>();
+  const int n = static_cast<int>(devices.size());
+  c->devices.assign(devices.begin(), devices.end());
+  c->comm.assign(devices.size(), nullptr);
+  c->pending.resize(devices.size());
+  c->entered = std::make_unique<std::atomic<std::uint64_t>[]>(devices.size());
+  int previous = 0;
+  check_cuda(cudaGetDevice(&previous), "cudaGetDevice");
+  ncclUniqueId id;
+  check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  // Every rank of this process inside one group: NCCL's single-thread, several-GPU init.
+  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  for (int i = 0; i < n; ++i) {
+    check_cuda(cudaSetDevice(devices[static_cast<std::size_t>(i)]), "cudaSetDevice");
+    check_nccl(ncclCommInitRankConfig(&c->comm[static_cast<std::size_t>(i)], n, id, i, &config),
+               "ncclCommInitRankConfig");
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (end != ncclSuccess && end != ncclInProgress) {
+    abort_all(*c);
+    fail_nccl(end, "ncclGroupEnd (communicator creation)");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int i = 0; i < n; ++i) {
+    ncclResult_t state = ncclInProgress;
+    const bool ready = wait_until(c->comm[static_cast<std::size_t>(i)], deadline, [&] {
+      check_nccl(ncclCommGetAsyncError(c->comm[static_cast<std::size_t>(i)], &state), "ncclCommGetAsyncError");
+      return state != ncclInProgress;
+    });
+    if (!ready) {
+      abort_all(*c);
+      std::vector<int> all(static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) all[static_cast<std::size_t>(r)] = r;
+      throw timeout_error("mirror::ops::NcclAllReduce: creating the communicators took longer than " +
+                              std::to_string(timeout.count()) + " ms; they were aborted",
+                          all);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    check_cuda(cudaSetDevice(devices[static_cast<std::size_t>(i)]), "cudaSetDevice");
+    for (cudaEvent_t& e : c->pending[static_cast<std::size_t>(i)].events) {
+      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    }
+  }
+  check_cuda(cudaSetDevice(previous), "cudaSetDevice");
+  return c.release();
+}
+
+void destroy_comms(comms* c) noexcept {
+  if (c == nullptr) return;
+  for (std::size_t i = 0; i < c->comm.size(); ++i) {
+    if (cudaSetDevice(c->devices[i]) != cudaSuccess) continue;
+    // Unfinished collectives get until their deadline; then the communicators are aborted, so
+    // destruction never waits forever on a lost GPU or link.
+    in_flight& f = c->pending[i];
+    for (; f.count > 0; --f.count, f.oldest = (f.oldest + 1) % max_in_flight) {
+      cudaError_t q = cudaErrorNotReady;
+      while ((q = cudaEventQuery(f.events[f.oldest])) == cudaErrorNotReady && !c->aborted.load() &&
+             std::chrono::steady_clock::now() < f.deadlines[f.oldest]) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      if (q == cudaErrorNotReady) abort_all(*c);
+    }
+    for (cudaEvent_t e : f.events) {
+      if (e != nullptr) (void)cudaEventDestroy(e);
+    }
+    if (c->comm[i] != nullptr && !c->aborted.load()) {
+      // Non-blocking: finalize may report ncclInProgress; destroy then completes it.
+      (void)ncclCommFinalize(c->comm[i]);
+      ncclResult_t state = ncclInProgress;
+      for (int polls = 0; polls < 100000 && state == ncclInProgress; ++polls) {
+        if (ncclCommGetAsyncError(c->comm[i], &state) != ncclSuccess) break;
+        if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      (void)ncclCommDestroy(c->comm[i]);
+    }
+  }
+  (void)cudaGetLastError();
+  delete c;
+}
+
+void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_type type,
+                std::span<void* const> buffers, std::span<const std::size_t> counts,
+                std::chrono::milliseconds timeout) {
+  if (c.aborted.load()) {
+    throw backend_error("mirror::ops::NcclAllReduce: the communicators were aborted after an earlier timeout or "
+                        "error; construct a new Strategy",
+                        static_cast<long>(ncclInvalidUsage));
+  }
+  const std::size_t me = static_cast<std::size_t>(rank);
+  ncclComm_t comm = c.comm[me];
+  auto s = static_cast<cudaStream_t>(stream);
+  const std::uint64_t sequence = c.entered[me].fetch_add(1) + 1;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  in_flight& f = c.pending[me];
+  auto expire_for = [&](const char* stage, std::uint64_t seq) {
+    std::vector<int> missing;
+    for (std::size_t r = 0; r < c.comm.size(); ++r) {
+      if (c.entered[r].load() < seq) missing.push_back(static_cast<int>(r));
+    }
+    abort_all(c);
+    std::string names;
+    for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+    throw timeout_error("mirror::ops::NcclAllReduce: replica " + std::to_string(rank) + " waited " +
+                            std::to_string(timeout.count()) + " ms " + stage + "; replicas {" + names +
+                            "} had not enqueued it" +
+                            (missing.empty() ? " (all had: the GPUs or links did not complete it)" : "") +
+                            "; the communicators were aborted",
+                        missing);
+  };
+  auto expire = [&](const char* stage) { expire_for(stage, sequence); };
+  // The watchdog, deferred: earlier collectives of this rank that have finished are retired; one
+  // past its deadline aborts the communicators. When the ring is full, wait for the oldest.
+  while (f.count > 0) {
+    const std::size_t slot = f.oldest;
+    const cudaError_t q = cudaEventQuery(f.events[slot]);
+    if (q == cudaErrorNotReady) {
+      const bool full = f.count == max_in_flight;
+      if (!full && std::chrono::steady_clock::now() < f.deadlines[slot]) break;
+      cudaError_t polled = cudaErrorNotReady;
+      if (!wait_until(comm, f.deadlines[slot], [&] {
+            polled = cudaEventQuery(f.events[slot]);
+            return polled != cudaErrorNotReady;
+          })) {
+        expire_for("for an earlier all-reduce to complete", f.sequences[slot]);
+      }
+      if (polled != cudaSuccess) check_cuda(polled, "cudaEventQuery (an earlier all-reduce)");
+    } else if (q != cudaSuccess) {
+      check_cuda(q, "cudaEventQuery (an earlier all-reduce)");
+    }
+    f.oldest = (f.oldest + 1) % max_in_flight;
+    --f.count;
+  }
+  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    if (counts[i] == 0) continue;
+    check_nccl(ncclAllReduce(buffers[i], buffers[i], counts[i], nccl_type(type), nccl_op(op, type), comm, s),
+               "ncclAllReduce");
+  }
+  ncclResult_t end = ncclGroupEnd();
+  if (end != ncclSuccess && end != ncclInProgress) fail_nccl(end, "ncclGroupEnd");
+  // Non-blocking communicators may still be enqueuing: wait for that first.
+  if (!wait_until(comm, deadline, [&] {
+        check_nccl(ncclCommGetAsyncError(comm, &end), "ncclCommGetAsyncError");
+        return end != ncclInProgress;
+      })) {
+    expire("for NCCL to enqueue the all-reduce");
+  }
+  if (op == ReduceOp::mean && !is_float(type)) {
+    const int n = static_cast<int>(c.comm.size());
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      const int e = cuda::impl::launch_divide(stream, type, buffers[i], counts[i], static_cast<std::size_t>(n));
+      if (e != 0) check_cuda(static_cast<cudaError_t>(e), "the divide kernel launch");
+    }
+  }
+  // Completion is watched, not waited for: the event joins this rank's ring with its deadline,
+  // and the next all-reduce on this rank (or destroy_comms) retires it or times it out. So the
+  // host returns once the work is enqueued (architecture.md 2.7); a lost peer cannot enqueue
+  // anything here unnoticed, since NcclAllReduce's agreement exchange precedes every call.
+  const std::size_t slot = (f.oldest + f.count) % max_in_flight;
+  check_cuda(cudaEventRecord(f.events[slot], s), "cudaEventRecord");
+  f.deadlines[slot] = deadline;
+  f.sequences[slot] = sequence;
+  ++f.count;
+}
+
+}  // namespace mirror::nccl::impl

@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: Apache-2.0
+// devices::Cuda on a real GPU: device leaves reduced in place, errors, NCCL's refusal.
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <cstdint>
+#include <span>
+#include <vector>
+#include <mirror/mirror.hpp>
+
+using mirror::ReduceOp;
+
+namespace {
+// A copyable owning device leaf (what thrust::device_vector is, without needing nvcc here).
+// Copies round-trip through the host: slow, but this file is compiled by g++.
+struct gpu_vector {
+  mirror::cuda::device_buffer<float> buffer;
+  gpu_vector(int device, const std::vector<float>& host) : buffer(device, host.size()) { buffer.upload(host); }
+  gpu_vector(const gpu_vector& o) : gpu_vector(o.buffer.device(), o.host()) {}
+  gpu_vector& operator=(const gpu_vector& o) {
+    if (this != &o) *this = gpu_vector(o);
+    return *this;
+  }
+  gpu_vector(gpu_vector&&) noexcept = default;
+  gpu_vector& operator=(gpu_vector&&) noexcept = default;
+  std::vector<float> host() const {
+    std::vector<float> h(buffer.size());
+    buffer.download(h);
+    return h;
+  }
+};
+}  // namespace
+
+template <>
+struct mirror::leaf_traits<gpu_vector> {
+  static constexpr bool is_leaf = true;
+  using element_type = float;
+  static constexpr int rank = 1;
+  static constexpr bool is_view = false;
+  static constexpr bool resizable = false;
+  static constexpr bool device_resident = true;
+  static std::span<float> elements(const gpu_vector& x) noexcept { return {x.buffer.data(), x.buffer.size()}; }
+};
+
+TEST_CASE("cuda: reduce of device-resident leaves runs on the devices and returns the result", "[cuda][device]") {
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 3}};
+  constexpr std::size_t n = 100003;
+  const auto values = s.run([&](auto& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    return gpu_vector(s.runtime().device_of(r), std::vector<float>(n, float(r + 1)));
+  });
+  REQUIRE(s.reduce(ReduceOp::sum, values).host() == std::vector<float>(n, 6.0f));
+  REQUIRE(s.reduce(ReduceOp::mean, values).host() == std::vector<float>(n, 2.0f));
+  REQUIRE(s.reduce(ReduceOp::max, values).host() == std::vector<float>(n, 3.0f));
+  // The components themselves are untouched (the reduction works in copies).
+  for (int r = 0; r < 3; ++r) REQUIRE(values[static_cast<std::size_t>(r)].host() == std::vector<float>(n, float(r + 1)));
+  // Inside a replica function a device reduce cannot start: ctx.all_reduce is the way.
+  REQUIRE_THROWS_AS(s.run([&](auto& ctx) { (void)ctx.merge_call([&](auto& strategy, const auto&) {
+                      return strategy.reduce(ReduceOp::sum, values).buffer.size(); }, 0); }),
+                    mirror::error);
+}
+
+TEST_CASE("cuda: device_span leaves are reduced in place on logical devices sharing one GPU", "[cuda][device]") {
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 4}};
+  REQUIRE(s.num_replicas_in_sync() == 4);
+  constexpr std::size_t n = (std::size_t{1} << 20) + 3;
+  std::vector<mirror::cuda::device_buffer<float>> buffers;
+  for (int r = 0; r < 4; ++r) {
+    buffers.emplace_back(s.runtime().device_of(r), n);
+    buffers.back().upload(std::vector<float>(n, float(r + 1)));
+  }
+  s.run([&](auto& ctx) {
+    ctx.all_reduce(ReduceOp::sum, buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())].span());
+  });
+  for (auto& b : buffers) {
+    std::vector<float> host(n);
+    b.download(host);
+    REQUIRE(host == std::vector<float>(n, 10.0f));
+  }
+}
+
+TEST_CASE("cuda: a replica that skips a collective is named in a timeout_error", "[cuda][device]") {
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{
+      {.gpus = {0}, .replicas_per_gpu = 2, .timeout = std::chrono::seconds(2)}};
+  try {
+    s.run([](auto& ctx) {
+      if (ctx.replica_id_in_sync_group() == 1) return;
+      ctx.all_reduce(ReduceOp::sum, 1.0f);
+    });
+    FAIL("no timeout_error");
+  } catch (const mirror::timeout_error& e) {
+    REQUIRE(e.missing() == std::vector<int>{1});
+  }
+  const auto ok = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 2); });
+  REQUIRE(ok.primary() == 4);
+}
+
+TEST_CASE("cuda: a GPU that does not exist is an invalid_argument naming it", "[cuda][device]") {
+  REQUIRE_THROWS_WITH((mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice>{{.gpus = {4096}}}),
+                      Catch::Contains("GPU 4096 does not exist"));
+}
+
+#if MIRROR_HAS_NCCL
+TEST_CASE("cuda: NcclAllReduce refuses several replicas on one GPU and names the policies that work",
+          "[cuda][nccl_all_reduce]") {
+  using S = mirror::Strategy<mirror::devices::Cuda, mirror::ops::NcclAllReduce>;
+  REQUIRE_THROWS_WITH((S{{.gpus = {0}, .replicas_per_gpu = 2}}),
+                      Catch::Contains("ReductionToOneDevice") && Catch::Contains("HierarchicalCopy"));
+}
+
+TEST_CASE("cuda: NcclAllReduce on every GPU reduces device leaves in place", "[cuda][nccl_all_reduce]") {
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::NcclAllReduce> s{};
+  const int R = s.num_replicas_in_sync();
+  constexpr std::size_t n = 4099;
+  std::vector<mirror::cuda::device_buffer<double>> buffers;
+  for (int r = 0; r < R; ++r) {
+    buffers.emplace_back(s.runtime().device_of(r), n);
+    buffers.back().upload(std::vector<double>(n, double(r)));
+  }
+  for (const auto op : {ReduceOp::sum, ReduceOp::max}) {
+    for (int r = 0; r < R; ++r) buffers[static_cast<std::size_t>(r)].upload(std::vector<double>(n, double(r)));
+    s.run([&](auto& ctx) {
+      ctx.all_reduce(op, buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())].span());
+    });
+    const double want = op == ReduceOp::sum ? double(R * (R - 1) / 2) : double(R - 1);
+    for (auto& b : buffers) {
+      std::vector<double> host(n);
+      b.download(host);
+      REQUIRE(host == std::vector<double>(n, want));
+    }
+  }
+}
+#endif
+
+TEST_CASE("cuda: half and bfloat16 device spans are reduced by the kernels", "[cuda][device]") {
+  using mirror::cuda::bfloat16;
+  using mirror::cuda::half;
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 4}};
+  constexpr std::size_t n = 4099;
+  // IEEE half 1, 2, 3, 4 and their sum 10; bfloat16 (a float's top 16 bits) 1..4 and mean 2.5.
+  const std::uint16_t half_bits[] = {0x3C00, 0x4000, 0x4200, 0x4400};
+  const std::uint16_t bf16_bits[] = {0x3F80, 0x4000, 0x4040, 0x4080};
+  std::vector<mirror::cuda::device_buffer<half>> h;
+  std::vector<mirror::cuda::device_buffer<bfloat16>> b;
+  for (int r = 0; r < 4; ++r) {
+    h.emplace_back(s.runtime().device_of(r), n);
+    h.back().upload(std::vector<half>(n, half{half_bits[r]}));
+    b.emplace_back(s.runtime().device_of(r), n);
+    b.back().upload(std::vector<bfloat16>(n, bfloat16{bf16_bits[r]}));
+  }
+  s.run([&](auto& ctx) {
+    const auto r = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+    ctx.all_reduce(ReduceOp::sum, h[r].span());
+    ctx.all_reduce(ReduceOp::mean, b[r].span());
+  });
+  for (int r = 0; r < 4; ++r) {
+    std::vector<half> hh(n);
+    std::vector<bfloat16> bb(n);
+    h[static_cast<std::size_t>(r)].download(hh);
+    b[static_cast<std::size_t>(r)].download(bb);
+    for (std::size_t i = 0; i < n; ++i) {
+      REQUIRE(hh[i].bits == 0x4900);  // 10.0
+      REQUIRE(bb[i].bits == 0x4020);  // 2.5
+    }
+  }
+}
