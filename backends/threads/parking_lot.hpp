@@ -55,13 +55,22 @@ class alignas(64) parking_lot {
     const std::int64_t spin_ns = spin_ns_;
     const int yields = yields_;
     if (spin_ns > 0) {
+      // Pure spinning for the first microseconds (where a partner on its own core arrives);
+      // after that, a yield between polls: when the machine is loaded by other processes, the
+      // partner may be queued behind this very spinner on its core, and only a yield (or
+      // parking) lets it run. On an idle core the yield returns at once.
+      constexpr std::int64_t pure_ns = 2'000;
       const auto start = std::chrono::steady_clock::now();
       for (;;) {
         for (int i = 0; i < 16; ++i) {
           if (spin_ready()) return true;
           cpu_relax();
         }
-        if (std::chrono::steady_clock::now() - start >= std::chrono::nanoseconds(spin_ns)) break;
+        const std::int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now() - start)
+                                       .count();
+        if (spent >= spin_ns) break;
+        if (spent >= pure_ns) std::this_thread::yield();
       }
     }
     for (int i = 0; i < yields; ++i) {
