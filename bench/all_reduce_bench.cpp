@@ -59,14 +59,16 @@ void copy_kernel(benchmark::State& state, int replicas, std::size_t bytes) {
 }
 
 template <class E>
-void add_all(const std::vector<int>& replica_counts, const std::vector<std::size_t>& sizes, bool policies,
-             bool baselines) {
+void add_all(const std::vector<int>& replica_counts, const std::vector<std::size_t>& sizes, bool fallbacks,
+             bool baselines, bool with_default = true) {
   using namespace mirror::ops;
   for (int r : replica_counts) {
     for (std::size_t b : sizes) {
       auto nm = [&](const char* impl) { return bench::name("all_reduce", impl, bench::type_name<E>, r, b); };
-      bench::add(nm("default"), [=](benchmark::State& s) { mirror_all_reduce<ChunkOwnerAllReduce, E>(s, r, b); });
-      if (policies) {
+      if (with_default) {
+        bench::add(nm("default"), [=](benchmark::State& s) { mirror_all_reduce<ChunkOwnerAllReduce, E>(s, r, b); });
+      }
+      if (fallbacks) {
         bench::add(nm("one_device"), [=](benchmark::State& s) { mirror_all_reduce<ReductionToOneDevice, E>(s, r, b); });
         bench::add(nm("hierarchical"), [=](benchmark::State& s) { mirror_all_reduce<HierarchicalCopy, E>(s, r, b); });
       }
@@ -87,7 +89,7 @@ int main(int argc, char** argv) {
     add_all<float>({2}, {4, 64, 4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB}, true, true);
     // Oversubscribed: 8 and 16 replicas on the same cores.
     add_all<float>({8, 16}, {4, 64 * KiB, MiB, 16 * MiB}, false, true);
-    add_all<float>({8}, {16 * MiB}, true, false);
+    add_all<float>({8}, {16 * MiB}, true, false, false);  // the other policies (default: above)
     // Element types.
     add_all<double>({2}, {64 * KiB, 64 * MiB}, false, true);
     add_all<std::int32_t>({2}, {64 * KiB, 64 * MiB}, false, true);

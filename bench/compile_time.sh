@@ -3,8 +3,8 @@
 # Compile time of a translation unit using run / reduce / all_reduce on a 3-level nest
 # (bench/compile/mirror_nest3.cpp) against the same program hand-written with std::thread
 # (bench/compile/std_thread_nest3.cpp): the same compiler and flags as the build (the project's
-# debugoptimized: -std=c++20 -O2 -g), compiled alternately, wall seconds per compile. Prints
-# JSON: {"mirror": [s, ...], "std_thread": [s, ...], "compiler": "...", "flags": "..."}.
+# debugoptimized: -std=c++20 -O2 -g), compiled alternately, CPU seconds (user + system) per
+# compile. Prints JSON: {"mirror": [s, ...], "std_thread": [s, ...], "compiler": "...", "flags": "..."}.
 #
 #   bench/compile_time.sh [--build DIR] [--runs 3]
 # DIR (default build-bench) is a configured build directory (for mirror/config.hpp).
@@ -25,12 +25,16 @@ cxx=${CXX:-c++}
 flags=(-std=c++20 -O2 -g -pthread -I. -I"$build")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-seconds() {  # SOURCE: wall seconds of one compile to an object file
-  local t0 t1
-  t0=$(date +%s.%N)
-  "$cxx" "${flags[@]}" -c "$1" -o "$tmp/out.o"
-  t1=$(date +%s.%N)
-  python3 -c "print(round($t1 - $t0, 3))"
+# CPU seconds (user + system) of one compile to an object file: unlike wall time, other load on
+# the machine barely changes it.
+seconds() {  # SOURCE
+  python3 - "$1" "$tmp/out.o" "$cxx" "${flags[@]}" <<'PY'
+import resource, subprocess, sys
+src, out, cxx, flags = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+subprocess.run([cxx, *flags, '-c', src, '-o', out], check=True)
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(round(ru.ru_utime + ru.ru_stime, 3))
+PY
 }
 m=() s=()
 for ((i = 0; i < runs; ++i)); do
