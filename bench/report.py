@@ -267,11 +267,13 @@ def main():
             with open(os.path.join(dat, f'lat_{impl}.dat'), 'w') as f:
                 f.writelines(f'{R} {s * 1e6}\n' for R, s in pts)
             lat.append(f'"{dat}/lat_{impl}.dat" using 1:2 with linespoints title "{impl}"')
-    script = f'''set terminal pngcairo size 900,560
+    script = f'''set terminal pngcairo size 900,560 noenhanced
 set output "{a.out}/all_reduce_bandwidth.png"
 set title "all_reduce, 2 replicas, float: algbw (bytes per replica / time)"
 set logscale x 2
 set logscale y 10
+set xrange [3:96000000]
+set xtics ("4 B" 4, "64 B" 64, "4 KiB" 4096, "64 KiB" 65536, "1 MiB" 1048576, "16 MiB" 16777216, "64 MiB" 67108864)
 set xlabel "bytes per replica"
 set ylabel "GB/s"
 set key left top
@@ -281,6 +283,8 @@ set output "{a.out}/run_latency.png"
 set title "run with a 1-float all_reduce: time per run vs replicas (2 cores)"
 set logscale x 2
 set logscale y 10
+set xrange [0.9:18]
+set xtics ("1" 1, "2" 2, "4" 4, "8" 8, "16" 16)
 set xlabel "replicas"
 set ylabel "microseconds"
 plot {", ".join(lat)}
