@@ -10,10 +10,15 @@
 #   ./dev.sh test    [tsan|asan] [-- ARGS...]    install what is missing, build, run the
 #                                                whole test suite (ARGS go to meson test,
 #                                                e.g. -- --suite mirror)
+#   ./dev.sh bench   [-- ARGS...]                install what is missing (plus OpenMPI and
+#                                                gnuplot for the baselines and plots), run
+#                                                bench/report.sh (ARGS go to it, e.g. -- --quick):
+#                                                bench/results/report.md and PNGs, as in README
 #
-# Build directories: build (plain), build-tsan (-Db_sanitize=thread), build-asan
-# (-Db_sanitize=address,undefined). Re-running reuses them (meson setup --reconfigure,
-# which also picks up headers added since the last configure).
+# Build directories: build (plain; also builds bench/ and runs its smoke tests), build-tsan
+# (-Db_sanitize=thread), build-asan (-Db_sanitize=address,undefined), build-bench (bench).
+# Re-running reuses them (meson setup --reconfigure, which also picks up headers added since
+# the last configure).
 # Packages are installed with apt-get only when one is missing (sudo when not root).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -21,6 +26,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 PACKAGES=(meson ninja-build g++ pkg-config python3 libboost-dev catch2 libbenchmark-dev
           # examples/fashion_mnist: Eigen, zlib (the .gz data), BLAS -> OpenBLAS, the data set
           libeigen3-dev zlib1g-dev libblas-dev libopenblas0-pthread dataset-fashion-mnist)
+# ./dev.sh bench only: the MPI_Allreduce baseline and the plots.
+BENCH_PACKAGES=(libopenmpi-dev openmpi-bin gnuplot-nox)
 
 log() { printf '==> %s\n' "$*"; }
 die() { printf 'dev.sh: %s\n' "$*" >&2; exit 2; }
@@ -97,6 +104,9 @@ timeout_multiplier=()
 case $variant in
   plain)
     build_dir=build
+    # The benchmark programs compile with the tests and run as sub-second smoke tests (not in
+    # the sanitizer builds: the OpenMP baseline's libgomp is not instrumented).
+    options+=(-Dbenchmarks=true)
     ;;
   tsan)
     build_dir=build-tsan
@@ -139,6 +149,13 @@ case $cmd in
     meson compile -C "$build_dir"
     log "meson test -C $build_dir --print-errorlogs ${timeout_multiplier[*]} ${test_args[*]}"
     "${run_prefix[@]}" meson test -C "$build_dir" --print-errorlogs "${timeout_multiplier[@]}" "${test_args[@]}"
+    ;;
+  bench)
+    [[ $variant == plain ]] || die "bench measures the plain (debugoptimized) build only"
+    PACKAGES+=("${BENCH_PACKAGES[@]}")
+    install_missing
+    log "bench/report.sh ${test_args[*]}"
+    bench/report.sh "${test_args[@]}"
     ;;
   help | -h | --help)
     usage 0

@@ -114,7 +114,8 @@ class Strategy {
   /// Starts the device runtime (a thread pool on `devices::Threads`).
   /// **Errors**: `std::invalid_argument` for an invalid device or ops setting (the message names
   /// the field and its valid range).
-  explicit Strategy(Device device = {}, Ops ops = {}) : rt_(device), ops_(std::move(ops)) {
+  explicit Strategy(Device device = {}, Ops ops = {})
+      : rt_(device), ops_(std::move(ops)), errors_(static_cast<std::size_t>(rt_.num_replicas())) {
     if constexpr (requires { ops_.validate(rt_); }) ops_.validate(rt_);
   }
   Strategy(const Strategy&) = delete;
@@ -153,7 +154,7 @@ class Strategy {
     (check_components(args, index++), ...);
     std::lock_guard lock(run_mutex_);
     const int n = num_replicas_in_sync();
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    std::vector<std::exception_ptr>& errors = errors_;  // reused: runs are serialised
     if constexpr (std::is_void_v<Result>) {
       rt_.parallel([&](int r) noexcept {
         guarded(errors, r, [&] {
@@ -386,18 +387,26 @@ class Strategy {
     }
   }
 
-  static void rethrow_first(const std::vector<std::exception_ptr>& errors) {
+  /// Rethrows the lowest replica's error, if any, leaving `errors` empty for the next run.
+  static void rethrow_first(std::vector<std::exception_ptr>& errors) {
+    std::exception_ptr first;
+    int replica = 0;
     for (std::size_t r = 0; r < errors.size(); ++r) {
-      if (!errors[r]) continue;
-      try {
-        std::rethrow_exception(errors[r]);
-      } catch (const error&) {
-        throw;
-      } catch (const std::exception& e) {
-        throw replica_error(static_cast<int>(r), e.what());
-      } catch (...) {
-        throw replica_error(static_cast<int>(r), "an exception not derived from std::exception");
+      if (errors[r] && !first) {
+        first = std::move(errors[r]);
+        replica = static_cast<int>(r);
       }
+      errors[r] = nullptr;
+    }
+    if (!first) return;
+    try {
+      std::rethrow_exception(first);
+    } catch (const error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw replica_error(replica, e.what());
+    } catch (...) {
+      throw replica_error(replica, "an exception not derived from std::exception");
     }
   }
 
@@ -490,6 +499,7 @@ class Strategy {
 
   runtime_type rt_;
   Ops ops_;
+  std::vector<std::exception_ptr> errors_;  // one per replica, for run (guarded by run_mutex_)
   std::mutex run_mutex_;
 };
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -26,26 +27,58 @@ inline void cpu_relax() noexcept {
 }
 
 /// One condition variable shared by every waiter of a runtime. `wake()` is cheap when nobody
-/// sleeps (one atomic load), which is the common case while replicas spin.
-class parking_lot {
+/// sleeps (one read-modify-write of a line only wakers and sleepers touch), which is the common
+/// case while replicas spin. Cache-line aligned, so that neighbouring lots and counters do not
+/// share lines with it.
+class alignas(64) parking_lot {
  public:
-  /// Spins tuned for the machine: long when every replica has a core, short when they share.
-  void configure(int spins, int yields) noexcept {
-    spins_ = spins;
+  /// How long a waiter spins, then how many times it yields, before it parks. The spin is
+  /// bounded in time, not in pause instructions: `pause` costs 3 to 140 cycles depending on the
+  /// CPU, so a count tuned on one machine is 40x off on another.
+  void configure(std::chrono::nanoseconds spin, int yields) noexcept {
+    spin_ns_ = spin.count();
     yields_ = yields;
   }
 
-  /// Waits until `ready()` is true, or `deadline` passes (then returns false).
+  /// Waits until `ready()` is true, or `timeout` (counted from when the waiter parks) passes;
+  /// then returns false.
   template <class Ready>
-  bool wait(Ready&& ready, std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
-    for (int i = 0; i < spins_; ++i) {
-      if (ready()) return true;
-      cpu_relax();
+  bool wait(Ready&& ready, std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
+    return wait(ready, ready, timeout);
+  }
+
+  /// Like wait(ready, timeout), but while spinning and yielding only the cheap `spin_ready()` is
+  /// polled (so a spinner keeps no line that other threads write in shared state); `ready()`,
+  /// which must include every condition a waker signals, decides once the waiter parks.
+  template <class SpinReady, class Ready>
+  bool wait(SpinReady&& spin_ready, Ready&& ready, std::optional<std::chrono::nanoseconds> timeout) {
+    const std::int64_t spin_ns = spin_ns_;
+    const int yields = yields_;
+    if (spin_ns > 0) {
+      // Pure spinning for the first microseconds (where a partner on its own core arrives);
+      // after that, a yield between polls: when the machine is loaded by other processes, the
+      // partner may be queued behind this very spinner on its core, and only a yield (or
+      // parking) lets it run. On an idle core the yield returns at once.
+      constexpr std::int64_t pure_ns = 2'000;
+      const auto start = std::chrono::steady_clock::now();
+      for (;;) {
+        for (int i = 0; i < 16; ++i) {
+          if (spin_ready()) return true;
+          cpu_relax();
+        }
+        const std::int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now() - start)
+                                       .count();
+        if (spent >= spin_ns) break;
+        if (spent >= pure_ns) std::this_thread::yield();
+      }
     }
-    for (int i = 0; i < yields_; ++i) {
-      if (ready()) return true;
+    for (int i = 0; i < yields; ++i) {
+      if (spin_ready()) return true;
       std::this_thread::yield();
     }
+    std::optional<std::chrono::steady_clock::time_point> deadline;
+    if (timeout) deadline = std::chrono::steady_clock::now() + *timeout;
     std::unique_lock lock(mutex_);
     // Either wake()'s read-modify-write of sleepers_ comes after this one in its modification
     // order (and sees a sleeper), or it comes before and this acquire synchronises with it, so
@@ -74,11 +107,13 @@ class parking_lot {
   }
 
  private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
+  // Line 1: what every wait and wake touches. The mutex and condition variable, touched only
+  // when someone parks, follow on their own lines.
   std::atomic<int> sleepers_{0};
-  int spins_ = 2000;
   int yields_ = 4;
+  std::int64_t spin_ns_ = 50'000;
+  alignas(64) std::mutex mutex_;
+  std::condition_variable cv_;
 };
 
 }  // namespace mirror::threads

@@ -62,10 +62,9 @@ inline bool same_call(const collective_header& a, const collective_header& b) no
   return a.kind == b.kind && a.param == b.param && a.sequence == b.sequence;
 }
 
-/// Whether every replica's header agrees with replica 0's, reading only inline fields.
-template <class WithHeader>
-bool agree(const exchanged<WithHeader>& all) noexcept {
-  const auto hs = all.template member<collective_header>(0);
+/// Whether every replica's header agrees with replica 0's, reading only inline fields. (Not a
+/// template over the exchanged payload: one copy per program, not one per collective type.)
+inline bool agree(const exchanged<collective_header>& hs) noexcept {
   for (std::size_t r = 1; r < hs.size(); ++r) {
     if (!same_call(hs[r], hs[0]) || *hs[r].nest != *hs[0].nest || hs[r].shape_hash != hs[0].shape_hash) return false;
   }
@@ -73,9 +72,7 @@ bool agree(const exchanged<WithHeader>& all) noexcept {
 }
 
 /// The message for a disagreement. Reads other replicas' frames: call it only while they wait.
-template <class WithHeader>
-std::string describe_disagreement(const exchanged<WithHeader>& all) {
-  const auto hs = all.template member<collective_header>(0);
+inline std::string describe_disagreement(const exchanged<collective_header>& hs) {
   const collective_header& h0 = hs[0];
   const std::string where = "mirror: collective #" + std::to_string(h0.sequence) + " (" +
                             to_string(h0.kind, h0.param) + ")";
@@ -125,10 +122,12 @@ class collective {
     };
     const auto all = rt_->exchange(self_, with_header{*header_, payload});
     header_ = nullptr;
-    if (!agree(all)) {
+    static_assert(offsetof(with_header, h) == 0);
+    const auto headers = all.template member<collective_header>(0);
+    if (!agree(headers)) {
       // Every replica sees the same headers, so all of them are here; none may unwind (and free
       // the sizes the others read) before all have built the message.
-      std::string message = describe_disagreement(all);
+      std::string message = describe_disagreement(headers);
       rt_->barrier(self_);
       throw shape_error(std::move(message));
     }

@@ -41,22 +41,40 @@ constexpr E combine(ReduceOp op, E a, E b) noexcept {
   return a;
 }
 
-/// dst[i] = dst[i] op src[i] for i < n. The switch is hoisted so each loop vectorises.
+/// dst[i] = dst[i] op src[i] for i < n. The switch is hoisted, and each loop runs over whole
+/// 64-byte blocks with a constant trip count: GCC's -O2 cost model (very-cheap) vectorises those,
+/// while it leaves a loop over a runtime n scalar (2-3x slower). Element-wise, so the bits are
+/// a serial loop's.
 template <class E>
 void combine_into(ReduceOp op, E* __restrict dst, const E* __restrict src, std::size_t n) noexcept {
+  constexpr std::size_t w = 64 / sizeof(E) > 0 ? 64 / sizeof(E) : 1;
+  const std::size_t whole = n - n % w;
+  std::size_t i = 0;
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::mean:
-      for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] + src[i]);
+      for (; i < whole; i += w) {
+        for (std::size_t j = 0; j < w; ++j) dst[i + j] = static_cast<E>(dst[i + j] + src[i + j]);
+      }
+      for (; i < n; ++i) dst[i] = static_cast<E>(dst[i] + src[i]);
       return;
     case ReduceOp::prod:
-      for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<E>(dst[i] * src[i]);
+      for (; i < whole; i += w) {
+        for (std::size_t j = 0; j < w; ++j) dst[i + j] = static_cast<E>(dst[i + j] * src[i + j]);
+      }
+      for (; i < n; ++i) dst[i] = static_cast<E>(dst[i] * src[i]);
       return;
     case ReduceOp::min:
-      for (std::size_t i = 0; i < n; ++i) dst[i] = src[i] < dst[i] ? src[i] : dst[i];
+      for (; i < whole; i += w) {
+        for (std::size_t j = 0; j < w; ++j) dst[i + j] = src[i + j] < dst[i + j] ? src[i + j] : dst[i + j];
+      }
+      for (; i < n; ++i) dst[i] = src[i] < dst[i] ? src[i] : dst[i];
       return;
     case ReduceOp::max:
-      for (std::size_t i = 0; i < n; ++i) dst[i] = dst[i] < src[i] ? src[i] : dst[i];
+      for (; i < whole; i += w) {
+        for (std::size_t j = 0; j < w; ++j) dst[i + j] = dst[i + j] < src[i + j] ? src[i + j] : dst[i + j];
+      }
+      for (; i < n; ++i) dst[i] = dst[i] < src[i] ? src[i] : dst[i];
       return;
   }
 }

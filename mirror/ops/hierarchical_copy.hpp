@@ -3,6 +3,7 @@
 /// \file
 /// `mirror::ops::HierarchicalCopy`: TF's two-group tree all-reduce, with odd counts handled.
 
+#include <algorithm>
 #include <cstddef>
 #include <mirror/detail/collective.hpp>
 #include <mirror/detail/segments.hpp>
@@ -82,22 +83,32 @@ struct HierarchicalCopy {
     auto leaf = [&](int r, std::size_t k, std::size_t off) {
       return all[static_cast<std::size_t>(r)].leaves[k] + off;
     };
+    // On host memory, go block by block through one reused block of this replica's part of each
+    // accumulator: it stays in L1 while the leaves stream past (the same operations per element,
+    // so the same bits).
+    constexpr std::size_t block = Rt::host_addressable ? std::max<std::size_t>(1, 8192 / sizeof(E)) : ~std::size_t{0};
     auto reduce_pack = [&](std::size_t index, std::size_t begin, std::size_t end) {
       const plan p = plan_for(index, n);
       const auto [a, b] = detail::chunk_of<E>(begin, end, self, n);
       detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t v) {
-        const pointer acc0 = all[static_cast<std::size_t>(p.main0)].accumulator + v;
-        const pointer acc1 = all[static_cast<std::size_t>(p.main1)].accumulator + v;
-        rt.copy(self, acc0, leaf(p.group0_begin, k, off), len);
-        for (int r = p.group0_begin + 1; r < p.group0_end; ++r) rt.combine(self, op, acc0, leaf(r, k, off), len);
-        rt.copy(self, acc1, leaf(p.group1_begin, k, off), len);
-        for (int r = p.group1_begin + 1; r < p.group1_end; ++r) rt.combine(self, op, acc1, leaf(r, k, off), len);
-        rt.combine(self, op, acc0, acc1, len);
-        if (op == ReduceOp::mean) rt.divide(self, acc0, len, static_cast<std::size_t>(n));
-        rt.copy(self, acc1, acc0, len);
-        for (int j = 0; j < n; ++j) {
-          const bool with_main0 = j >= p.group0_begin && j < p.group0_end;
-          rt.copy(self, leaf(j, k, off), with_main0 ? acc0 : acc1, len);
+        for (std::size_t i = 0; i < len;) {
+          const std::size_t m = std::min(block, len - i);
+          const std::size_t at = Rt::host_addressable ? a : v + i;
+          const pointer acc0 = all[static_cast<std::size_t>(p.main0)].accumulator + at;
+          const pointer acc1 = all[static_cast<std::size_t>(p.main1)].accumulator + at;
+          const std::size_t o = off + i;
+          rt.copy(self, acc0, leaf(p.group0_begin, k, o), m);
+          for (int r = p.group0_begin + 1; r < p.group0_end; ++r) rt.combine(self, op, acc0, leaf(r, k, o), m);
+          rt.copy(self, acc1, leaf(p.group1_begin, k, o), m);
+          for (int r = p.group1_begin + 1; r < p.group1_end; ++r) rt.combine(self, op, acc1, leaf(r, k, o), m);
+          rt.combine(self, op, acc0, acc1, m);
+          if (op == ReduceOp::mean) rt.divide(self, acc0, m, static_cast<std::size_t>(n));
+          rt.copy(self, acc1, acc0, m);
+          for (int j = 0; j < n; ++j) {
+            const bool with_main0 = j >= p.group0_begin && j < p.group0_end;
+            rt.copy(self, leaf(j, k, o), with_main0 ? acc0 : acc1, m);
+          }
+          i += m;
         }
       });
     };

@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+// all_reduce: in-place all-reduce of one std::span leaf per replica (the path for large buffers),
+// inside a running fn, against the hand-written baselines on the same buffers:
+//   impl:default|one_device|hierarchical  mirror, ctx.all_reduce(sum, std::span<E>) per step
+//   impl:std_thread   a std::thread chunk-owner all-reduce with a std::barrier per step, written
+//                     as a user would (element loop, replicas in order)
+//   impl:copy         a streaming copy of the same bytes (each thread memcpy's its 1/R of every
+//                     buffer into a second set): the memory-bandwidth bound, 2*R*S bytes moved
+// Axes: impl, type, replicas, bytes (per replica). Counters: bytes_per_second = algbw, busbw
+// (nccl-tests), databw = R*S / time (every replica's bytes per second).
+#include <cstring>
+#include "common.hpp"
+
+namespace {
+
+void data_counter(benchmark::State& state, int replicas, std::size_t bytes) {
+  bench::all_reduce_counters(state, replicas, bytes);
+  state.counters["databw"] = benchmark::Counter(static_cast<double>(bytes) * replicas,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <class Ops, class E>
+void mirror_all_reduce(benchmark::State& state, int replicas, std::size_t bytes) {
+  const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(E));
+  bench::buffers<E> buf(replicas, n);
+  mirror::Strategy<mirror::devices::Threads, Ops> strategy({.replicas = replicas});
+  bench::replica_loop(state, strategy, [&](auto& ctx) {
+    ctx.all_reduce(mirror::ReduceOp::sum, std::span<E>(buf[ctx.replica_id_in_sync_group()], n));
+  });
+  data_counter(state, replicas, n * sizeof(E));
+}
+
+template <class E>
+void std_thread_all_reduce(benchmark::State& state, int replicas, std::size_t bytes) {
+  const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(E));
+  bench::buffers<E> buf(replicas, n);
+  bench::team_loop(state, replicas, [&](int r) {
+    const auto [lo, hi] = bench::chunk<E>(n, r, replicas);
+    for (std::size_t i = lo; i < hi; ++i) {
+      E s = buf[0][i];
+      for (int q = 1; q < replicas; ++q) s += buf[q][i];
+      for (int q = 0; q < replicas; ++q) buf[q][i] = s;
+    }
+  });
+  data_counter(state, replicas, n * sizeof(E));
+}
+
+template <class E>
+void copy_kernel(benchmark::State& state, int replicas, std::size_t bytes) {
+  const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(E));
+  bench::buffers<E> src(replicas, n), dst(replicas, n);
+  bench::team_loop(state, replicas, [&](int r) {
+    const auto [lo, hi] = bench::chunk<E>(n, r, replicas);
+    if (lo < hi) {
+      for (int q = 0; q < replicas; ++q) std::memcpy(dst[q] + lo, src[q] + lo, (hi - lo) * sizeof(E));
+    }
+  });
+  data_counter(state, replicas, n * sizeof(E));
+}
+
+template <class E>
+void add_all(const std::vector<int>& replica_counts, const std::vector<std::size_t>& sizes, bool fallbacks,
+             bool baselines, bool with_default = true) {
+  using namespace mirror::ops;
+  for (int r : replica_counts) {
+    for (std::size_t b : sizes) {
+      auto nm = [&](const char* impl) { return bench::name("all_reduce", impl, bench::type_name<E>, r, b); };
+      if (with_default) {
+        bench::add(nm("default"), [=](benchmark::State& s) { mirror_all_reduce<ChunkOwnerAllReduce, E>(s, r, b); });
+      }
+      if (fallbacks) {
+        bench::add(nm("one_device"), [=](benchmark::State& s) { mirror_all_reduce<ReductionToOneDevice, E>(s, r, b); });
+        bench::add(nm("hierarchical"), [=](benchmark::State& s) { mirror_all_reduce<HierarchicalCopy, E>(s, r, b); });
+      }
+      if (baselines) {
+        bench::add(nm("std_thread"), [=](benchmark::State& s) { std_thread_all_reduce<E>(s, r, b); });
+        if (b >= 4096) bench::add(nm("copy"), [=](benchmark::State& s) { copy_kernel<E>(s, r, b); });
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return bench::main(argc, argv, "all_reduce", [] {
+    constexpr std::size_t KiB = 1024, MiB = 1024 * KiB;
+    // 2 replicas (one per core): every policy and baseline, from one float to 64 MiB.
+    add_all<float>({2}, {4, 64, 4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB}, true, true);
+    // Oversubscribed: 8 and 16 replicas on the same cores.
+    add_all<float>({8, 16}, {4, 64 * KiB, MiB, 16 * MiB}, false, true);
+    add_all<float>({8}, {16 * MiB}, true, false, false);  // the other policies (default: above)
+    // Element types.
+    add_all<double>({2}, {64 * KiB, 64 * MiB}, false, true);
+    add_all<std::int32_t>({2}, {64 * KiB, 64 * MiB}, false, true);
+  });
+}

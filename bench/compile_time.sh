@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Compile time of a translation unit using run / reduce / all_reduce on a 3-level nest
+# (bench/compile/mirror_nest3.cpp) against the same program hand-written with std::thread
+# (bench/compile/std_thread_nest3.cpp): the same compiler and flags as the build (the project's
+# debugoptimized: -std=c++20 -O2 -g), compiled alternately, CPU seconds (user + system) per
+# compile. Prints JSON: {"mirror": [s, ...], "std_thread": [s, ...], "compiler": "...", "flags": "..."}.
+#
+#   bench/compile_time.sh [--build DIR] [--runs 3]
+# DIR (default build-bench) is a configured build directory (for mirror/config.hpp).
+set -euo pipefail
+shopt -s inherit_errexit
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+build=build-bench runs=3
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --build) build=$2; shift ;;
+    --runs) runs=$2; shift ;;
+    *) echo "compile_time.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ -f $build/mirror/config.hpp ]] || { echo "compile_time.sh: $build is not a configured build directory (meson setup $build)" >&2; exit 2; }
+cxx=${CXX:-c++}
+flags=(-std=c++20 -O2 -g -pthread -I. -I"$build")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# CPU seconds (user + system) of one compile to an object file: unlike wall time, other load on
+# the machine barely changes it.
+seconds() {  # SOURCE
+  python3 - "$1" "$tmp/out.o" "$cxx" "${flags[@]}" <<'PY'
+import resource, subprocess, sys
+src, out, cxx, flags = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+subprocess.run([cxx, *flags, '-c', src, '-o', out], check=True)
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(round(ru.ru_utime + ru.ru_stime, 3))
+PY
+}
+m=() s=()
+for ((i = 0; i < runs; ++i)); do
+  m+=("$(seconds bench/compile/mirror_nest3.cpp)")
+  s+=("$(seconds bench/compile/std_thread_nest3.cpp)")
+done
+join() { local IFS=,; echo "$*"; }
+printf '{"mirror": [%s], "std_thread": [%s], "compiler": "%s", "flags": "%s"}\n' "$(join "${m[@]}")" \
+  "$(join "${s[@]}")" "$("$cxx" --version | head -1)" "${flags[*]}"
