@@ -119,11 +119,11 @@ class Workspace {
             .cast<float>() /
         255.0f;
     Map A1(a1_.data(), n, hidden1), A2(a2_.data(), n, hidden2), Z3(z3_.data(), n, out_classes);
-    A1.noalias() = X * ConstMap(p.w1.data(), in_features, hidden1);
+    product(A1, X, plain, ConstMap(p.w1.data(), in_features, hidden1), plain);
     A1 = (A1.rowwise() + row(p.b1)).cwiseMax(0.0f);
-    A2.noalias() = A1 * ConstMap(p.w2.data(), hidden1, hidden2);
+    product(A2, A1, plain, ConstMap(p.w2.data(), hidden1, hidden2), plain);
     A2 = (A2.rowwise() + row(p.b2)).cwiseMax(0.0f);
-    Z3.noalias() = A2 * ConstMap(p.w3.data(), hidden2, out_classes);
+    product(Z3, A2, plain, ConstMap(p.w3.data(), hidden2, out_classes), plain);
     Z3.rowwise() += row(p.b3);
   }
 
@@ -168,19 +168,44 @@ class Workspace {
     Map G1(grads_.w1.data(), in_features, hidden1), G2(grads_.w2.data(), hidden1, hidden2),
         G3(grads_.w3.data(), hidden2, out_classes);
 
-    G3.noalias() = A2.transpose() * D3;
+    product(G3, A2, transposed, D3, plain);
     row(grads_.b3) = D3.colwise().sum();
-    D2.noalias() = D3 * ConstMap(p.w3.data(), hidden2, out_classes).transpose();
+    product(D2, D3, plain, ConstMap(p.w3.data(), hidden2, out_classes), transposed);
     D2 = (A2.array() > 0.0f).select(D2, 0.0f);
-    G2.noalias() = A1.transpose() * D2;
+    product(G2, A1, transposed, D2, plain);
     row(grads_.b2) = D2.colwise().sum();
-    D1.noalias() = D2 * ConstMap(p.w2.data(), hidden1, hidden2).transpose();
+    product(D1, D2, plain, ConstMap(p.w2.data(), hidden1, hidden2), transposed);
     D1 = (A1.array() > 0.0f).select(D1, 0.0f);
-    G1.noalias() = X.transpose() * D1;
+    product(G1, X, transposed, D1, plain);
     row(grads_.b1) = D1.colwise().sum();
   }
 
  private:
+  enum operand { plain, transposed };
+
+  /// c = op(a) * op(b), every matrix row-major and contiguous, overwriting c. With a BLAS this
+  /// is one sgemm with beta = 0: Eigen's `c.noalias() = a * b` first zeroes c and then has the
+  /// BLAS accumulate into it, an extra write and read of c per product (the 784x256 weight
+  /// gradient is 800 KB; memset was ~3 % of a step's CPU time in `perf record`).
+  template <class A, class B>
+  static void product(Map c, const A& a, operand ta, const B& b, operand tb) {
+#if FASHION_MNIST_BLAS
+    // Row-major c (m x n) is column-major c^T (n x m) = op(b)^T op(a)^T: swap the operands; a
+    // row-major matrix read column-major is its own transpose, so the flags stay as given.
+    const int m = static_cast<int>(c.rows()), n = static_cast<int>(c.cols());
+    const int k = static_cast<int>(ta == plain ? a.cols() : a.rows());
+    const int lda = static_cast<int>(a.cols()), ldb = static_cast<int>(b.cols());
+    const char opa = ta == plain ? 'N' : 'T', opb = tb == plain ? 'N' : 'T';
+    const float one = 1.0f, zero = 0.0f;
+    sgemm_(&opb, &opa, &n, &m, &k, &one, b.data(), &ldb, a.data(), &lda, &zero, c.data(), &n);
+#else
+    if (ta == plain && tb == plain) c.noalias() = a * b;
+    else if (ta == plain) c.noalias() = a * b.transpose();
+    else if (tb == plain) c.noalias() = a.transpose() * b;
+    else c.noalias() = a.transpose() * b.transpose();
+#endif
+  }
+
   static Eigen::Map<const Eigen::RowVectorXf> row(const std::vector<float>& v) {
     return {v.data(), static_cast<Eigen::Index>(v.size())};
   }
