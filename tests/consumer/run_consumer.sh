@@ -5,7 +5,8 @@
 #   $CXX -std=c++20 -O1 contract.cpp $(pkg-config --cflags --libs mirror)
 # and run it. The exit code is the verdict.
 #
-#   run_consumer.sh BUILD_DIR SRC_DIR        (CXX: the compiler command, default g++)
+#   run_consumer.sh BUILD_DIR SRC_DIR        (CXX: the compiler command, default g++;
+#                                             CONSUMER_SANITIZE: the build's b_sanitize)
 set -euo pipefail
 
 if [[ $# -ne 2 ]]; then
@@ -33,11 +34,15 @@ export PKG_CONFIG_PATH="$(dirname "$pc")"
 prefix=$(pkg-config --variable=prefix mirror)
 flags=$(pkg-config --define-variable=prefix="$destdir$prefix" --cflags --libs mirror)
 echo "pkg-config --cflags --libs mirror: $flags"
+sanitize=()
+if [[ -n ${CONSUMER_SANITIZE:-} && $CONSUMER_SANITIZE != none ]]; then
+  sanitize=(-fsanitize="$CONSUMER_SANITIZE")  # the installed archives are instrumented
+fi
 
 for program in "$src_dir"/tests/consumer/contract*.cpp; do
   name=$(basename "$program" .cpp)
   # shellcheck disable=SC2086  # $cxx and $flags are word lists
-  $cxx -std=c++20 -O1 "$program" $flags -o "$tmp/$name"
+  $cxx -std=c++20 -O1 "${sanitize[@]}" "$program" $flags -o "$tmp/$name"
   "$tmp/$name"
   echo "PASS: $name.cpp built with pkg-config mirror and ran"
 done
