@@ -5,7 +5,7 @@
 # Needs root with CAP_NET_ADMIN (ip netns), iproute2 and util-linux (unshare); prints a SKIP
 # line and exits 77 (Meson: skipped) where it cannot create the namespaces.
 set -u
-program=$1
+program=$(readlink -f "$1")
 skip() { echo "SKIP: two-host MPI test NOT run: $*" >&2; exit 77; }
 command -v mpirun >/dev/null 2>&1 || skip "mpirun not found (apt-get install openmpi-bin)"
 command -v ip >/dev/null 2>&1 || skip "ip not found (apt-get install iproute2)"
