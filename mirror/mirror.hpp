@@ -9,6 +9,7 @@
 #include <boost/hana/define_struct.hpp>
 
 #include <mirror/axis.hpp>
+#include <mirror/checkpoint.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
 #include <mirror/concepts/device.hpp>
 #include <mirror/concepts/nest.hpp>

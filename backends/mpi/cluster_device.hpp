@@ -8,7 +8,7 @@
 #include <memory>
 #include <type_traits>
 #include <backends/mpi/mpi_group.hpp>
-#include <backends/mpi/mpi_header.hpp>
+#include <backends/mpi/communicator.hpp>
 #include <mirror/concepts/device.hpp>
 #include <mirror/detail/worker_group.hpp>
 
@@ -36,8 +36,9 @@ template <class Local>
 struct Cluster {
   /// The device of each worker's replicas (equal settings on every worker).
   Local local{};
-  /// The processes to span; the strategy works on its own duplicates of it.
-  MPI_Comm comm = MPI_COMM_WORLD;
+  /// The processes to span (an `MPI_Comm`; default `MPI_COMM_WORLD`); the strategy works on its
+  /// own duplicates of it.
+  mpi::communicator comm{};
   /// How long a cross-worker collective waits for the other workers before every waiting worker
   /// throws `mirror::timeout_error` naming the replicas that did not arrive. Finite on purpose
   /// (TF has none; PyTorch 10 min).

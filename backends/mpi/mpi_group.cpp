@@ -5,6 +5,12 @@
 // the control communicator (who-has-arrived queries, failure notices), so that a timeout can
 // name the workers that did not arrive and a failure on one worker reaches the others at once.
 
+// mirror uses MPI's C API only: skip Open MPI's and MPICH's deprecated C++ bindings (no
+// libmpi_cxx to link).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
 #include <backends/mpi/mpi_group.hpp>
 
 #include <algorithm>
@@ -548,16 +554,33 @@ group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
         "MPI_THREAD_MULTIPLE, ...) (needed anyway if your code calls MPI while a strategy exists), or let mirror "
         "initialise it");
   }
-  check(MPI_Comm_dup(o.comm, &m.data), "MPI_Comm_dup (data)");
-  check(MPI_Comm_dup(o.comm, &m.control), "MPI_Comm_dup (control)");
+  static_assert(sizeof(MPI_Comm) <= sizeof(std::uint64_t));
+  const MPI_Comm comm = o.comm.is_world() ? MPI_COMM_WORLD : o.comm.get<MPI_Comm>();
+  check(MPI_Comm_dup(comm, &m.data), "MPI_Comm_dup (data)");
+  check(MPI_Comm_dup(comm, &m.control), "MPI_Comm_dup (control)");
   MPI_Comm_set_errhandler(m.data, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(m.control, MPI_ERRORS_RETURN);
   MPI_Comm_size(m.data, &m.W);
   MPI_Comm_rank(m.data, &m.w);
 
   // Equal R everywhere (TF leaves it undefined): {R, -R} under MAX, then the names.
+  // Non-blocking with the timeout: a worker that never builds its strategy must not hang the
+  // others here either.
   int both[2] = {m.R, -m.R};
-  check(MPI_Allreduce(MPI_IN_PLACE, both, 2, MPI_INT, MPI_MAX, m.data), "MPI_Allreduce (replica count check)");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_INT, MPI_MAX, m.data, &request), "MPI_Iallreduce (replica count check)");
+  const auto deadline = clock::now() + m.timeout;
+  for (int done = 0;;) {
+    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (replica count check)");
+    if (done) break;
+    if (clock::now() >= deadline) {
+      throw timeout_error("mirror::devices::Cluster: not every worker of the communicator built its strategy within " +
+                              std::to_string(m.timeout.count()) + " ms (worker " + std::to_string(m.w) + " of " +
+                              std::to_string(m.W) + " waited); every worker must construct it, in the same order",
+                          {});
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
   if (both[0] != -both[1]) {
     std::vector<int> all(static_cast<std::size_t>(m.W));
     check(MPI_Allgather(&m.R, 1, MPI_INT, all.data(), 1, MPI_INT, m.data), "MPI_Allgather (replica count check)");

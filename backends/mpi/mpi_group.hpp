@@ -2,20 +2,20 @@
 #pragma once
 /// \file
 /// `mirror::mpi::group`: the cross-worker collectives of `devices::Cluster`, over MPI. Compiled
-/// into libmirror_mpi (mpi_group.cpp); every MPI call of a worker happens on the group's one
-/// communication thread.
+/// into libmirror_mpi (mpi_group.cpp), the only file that includes <mpi.h>; every MPI call of a
+/// worker happens on the group's one communication thread.
 
 #include <chrono>
 #include <exception>
 #include <memory>
-#include <backends/mpi/mpi_header.hpp>
+#include <backends/mpi/communicator.hpp>
 #include <mirror/detail/worker_group.hpp>
 
 namespace mirror::mpi {
 
 /// What a group is built from (the fields of `devices::Cluster`).
 struct group_options {
-  MPI_Comm comm;                      ///< duplicated twice (data, control); the original is not used
+  communicator comm;                  ///< duplicated twice (data, control); the original is not used
   int local_replicas;                 ///< R on this worker (must be equal on every worker)
   std::chrono::milliseconds timeout;  ///< how long a collective waits for the other workers
   bool validate_shapes;               ///< compare sizes/types/ops across workers before each collective

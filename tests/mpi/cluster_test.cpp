@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <stdlib.h>  // mkdtemp
 #include <limits>
 #include <cmath>
 #include <numeric>
@@ -18,6 +20,10 @@
 #include <tuple>
 #include <vector>
 #include <mirror/mirror.hpp>
+
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>  // the tests compare with plain MPI calls
 #include "support/reference.hpp"
 
 namespace {
@@ -464,4 +470,48 @@ TEST_CASE("cluster: mismatched shapes across workers are a shape_error on every 
   }
   const auto v = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, std::vector<float>(10, 1.f)); });
   CHECK(v.primary() == std::vector<float>(10, float(s.num_replicas_in_sync())));
+}
+
+TEST_CASE("cluster: save writes once on the chief, restore broadcasts the chief's file", "[mpi]") {
+  const int W = world_size(), w = world_rank();
+  Strategy& s = strategy_with(2);
+  const int N = 2 * W;
+  // A per-job folder on the chief; the other workers pass a path that does not exist at all:
+  // only the chief touches the file (no shared file system needed).
+  std::string dir;
+  if (w == 0) {
+    char tmpl[] = "/tmp/mirror_ckpt_XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    dir = tmpl;
+  } else {
+    dir = "/nonexistent/mirror_ckpt_elsewhere";
+  }
+  const std::filesystem::path path = std::filesystem::path(dir) / "model.ckpt";
+  auto weights = s.make_variable(std::vector<float>{1.f, 2.f, 3.f}, mirror::VariableAggregation::mean);
+  auto seen = s.make_sync_on_read_variable(std::int64_t{0}, mirror::VariableAggregation::sum);
+  s.run([](auto& ctx, auto& wts, auto& count) {
+    wts.assign_add(std::vector<float>{1.f, 1.f, float(ctx.replica_id_in_sync_group())});
+    count.assign(std::int64_t{10});
+  }, weights, seen);
+  const std::vector<float> saved{2.f, 3.f, 3.f + float(N - 1) / 2};
+  REQUIRE(weights.value() == saved);
+  REQUIRE(seen.value() == 10 * N);
+  mirror::save(s, path, weights, seen);
+  if (w == 0) {
+    CHECK(std::filesystem::exists(path));
+    CHECK(!std::filesystem::exists(path.string() + ".tmp"));
+  }
+  // Change everything, then restore: every worker gets the chief's checkpoint.
+  weights.assign(std::vector<float>{0.f, 0.f, 0.f});
+  seen.assign(std::int64_t{0});
+  mirror::restore(s, path, weights, seen);
+  for (const auto& c : mirror::Strategy<Cluster>::local_results(weights)) CHECK(c == saved);
+  CHECK(seen.value() == 10 * N);
+  // The chief cannot write: the same backend_error on every worker.
+  CHECK_THROWS_AS(mirror::save(s, std::filesystem::path("/nonexistent/dir/x.ckpt"), weights), mirror::backend_error);
+  // A checkpoint of other shapes: shape_error on every worker, nothing changed.
+  auto other = s.make_variable(std::vector<float>{0.f, 0.f}, mirror::VariableAggregation::mean);
+  CHECK_THROWS_AS(mirror::restore(s, path, other, seen), mirror::shape_error);
+  CHECK(other.value() == std::vector<float>{0.f, 0.f});
+  if (w == 0) std::filesystem::remove_all(dir);
 }

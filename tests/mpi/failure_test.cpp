@@ -13,6 +13,10 @@
 #include <vector>
 #include <mirror/mirror.hpp>
 
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>  // the tests compare with plain MPI calls
+
 namespace {
 
 using Cluster = mirror::devices::Cluster<mirror::devices::Threads>;

@@ -8,7 +8,9 @@
 
 #include <string>
 #include <vector>
-#include <backends/mpi/mpi_header.hpp>
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
 
 int main(int argc, char** argv) {
   int provided = 0;
