@@ -50,8 +50,14 @@ std::string error_text(int code) {
   return std::string(buf, static_cast<std::size_t>(len));
 }
 
-void check(int code, const std::string& call) {
-  if (code == MPI_SUCCESS) return;
+[[noreturn]] void fail(int code, const std::string& call);
+
+// Builds the message only on failure: the polling loops call it for every MPI_Test.
+inline void check(int code, const char* call, const char* what = nullptr) {
+  if (code != MPI_SUCCESS) fail(code, what == nullptr ? std::string(call) : std::string(call) + " in " + what);
+}
+
+void fail(int code, const std::string& call) {
   int cls = code;
   MPI_Error_class(code, &cls);
   throw backend_error("mirror::devices::Cluster: " + call + " failed with MPI error " + std::to_string(code) +
@@ -290,10 +296,10 @@ struct group::impl {
       if (j.kind == job::reduce) {
         check(MPI_Iallreduce(MPI_IN_PLACE, j.data, static_cast<int>(j.count), datatype_of(j.element), op_of(j.op), data,
                              &request),
-              std::string("MPI_Iallreduce in ") + j.what);
+              "MPI_Iallreduce", j.what);
       } else {
         check(MPI_Ibcast(j.data, static_cast<int>(j.count), MPI_BYTE, j.root, data, &request),
-              std::string("MPI_Ibcast in ") + j.what);
+              "MPI_Ibcast", j.what);
       }
       wait(request, j.what);
     } catch (const backend_error&) {
@@ -316,7 +322,7 @@ struct group::impl {
     ++sequence;
     MPI_Request request = MPI_REQUEST_NULL;
     check(MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_INT64_T, MPI_MAX, data, &request),
-          std::string("MPI_Iallreduce (agreement check) in ") + j.what);
+          "MPI_Iallreduce (agreement check)", j.what);
     wait(request, j.what);
     if (both[0] == -both[1]) return;
     std::int64_t mine[4] = {static_cast<std::int64_t>(j.count), static_cast<std::int64_t>(element),
@@ -324,7 +330,7 @@ struct group::impl {
     std::vector<std::int64_t> all(4 * static_cast<std::size_t>(W));
     ++sequence;
     check(MPI_Iallgather(mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, data, &request),
-          std::string("MPI_Iallgather (agreement check) in ") + j.what);
+          "MPI_Iallgather (agreement check)", j.what);
     wait(request, j.what);
     std::string text = std::string("mirror: ") + j.what + ": the workers disagree on a cross-worker collective:";
     for (int p = 0; p < W; ++p) {
@@ -355,9 +361,9 @@ struct group::impl {
   void wait(MPI_Request& request, const char* what) {
     const auto start = clock::now();
     const auto deadline = start + timeout;
-    for (long spin = 0;; ++spin) {
+    for (;;) {
       int done = 0;
-      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), std::string("MPI_Test in ") + what);
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
       if (done) return;
       serve_control();
       progress_sends();
@@ -376,12 +382,14 @@ struct group::impl {
         abandoned.push_back(request);
         time_out(start, what);
       }
-      // Spin briefly (a collective of a few bytes completes in microseconds), then back off:
-      // on oversubscribed cores a spinning thread steals the time slice of the one it waits for.
-      if (spin < 64) {
+      // Poll (yielding) for 200 us — a collective of a few bytes completes in microseconds, and
+      // a sleep costs ~60 us of timer slack — then back off: on oversubscribed cores a polling
+      // thread steals the time slice of the one it waits for.
+      const auto waited = clock::now() - start;
+      if (waited < std::chrono::microseconds(200)) {
         std::this_thread::yield();
       } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(spin < 1000 ? 20 : 200));
+        std::this_thread::sleep_for(std::chrono::microseconds(waited < std::chrono::milliseconds(10) ? 20 : 200));
       }
     }
   }

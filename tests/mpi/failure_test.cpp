@@ -109,3 +109,21 @@ TEST_CASE("failure: a late worker is named by every waiting worker after the tim
     }
   }
 }
+
+TEST_CASE("failure: an MPI error code is a backend_error with MPI's code and text", "[mpi]") {
+  // Errors on no valid communicator go to MPI_COMM_WORLD's handler: return them instead of
+  // aborting the job, as mirror does on its own communicators.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  Cluster c = cluster(1, std::chrono::seconds(30));
+  c.comm = MPI_COMM_NULL;
+  try {
+    Strategy s(c);
+    FAIL("no backend_error");
+  } catch (const mirror::backend_error& e) {
+    const std::string what = e.what();
+    CHECK(e.code() != 0);
+    CHECK_THAT(what, Catch::Contains("MPI_Comm_dup"));
+    CHECK_THAT(what, Catch::Contains("MPI_ERR_COMM"));  // MPI_Error_string's text
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+}
