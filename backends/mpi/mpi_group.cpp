@@ -153,6 +153,7 @@ struct group::impl {
   bool validate = true;
 
   // Caller <-> communication thread.
+  std::mutex caller_mutex;  // serialises callers (held for a whole job; never by the thread)
   std::mutex mutex;
   std::condition_variable wake_comm, wake_caller;
   job* current = nullptr;  // the job being handed over or run
@@ -197,6 +198,9 @@ struct group::impl {
 
   // ---------------- caller side ----------------
   void run(job& j) {
+    // One job at a time: the calling rule says one caller per worker, but a second thread must
+    // not overwrite the job slot if a program breaks it (its order across workers is its own).
+    std::lock_guard one_caller(caller_mutex);
     std::unique_lock lock(mutex);
     if (shut_down) {
       throw backend_error("mirror::devices::Cluster: MPI was finalized while the strategy exists; destroy the "
