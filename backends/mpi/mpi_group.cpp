@@ -176,6 +176,7 @@ struct group::impl {
   std::vector<MPI_Request> abandoned;  // collectives given up on (MPI cannot cancel them)
   std::int64_t asked = -1;             // the sequence of our open query
   std::vector<std::int64_t> replies;   // per worker: the sequence it had entered, -1 = no reply
+  std::vector<std::int64_t> known;     // per worker: the highest sequence it is known to have entered
   std::optional<broken_state> remote;  // a notice received from another worker
   std::atomic<bool> failed_here{false};  // a replica of this worker failed (report_failure)
 
@@ -426,6 +427,11 @@ struct group::impl {
     asked = seq;
     replies.assign(static_cast<std::size_t>(W), -1);
     replies[static_cast<std::size_t>(w)] = seq;
+    // A worker that already told us it entered this collective (its own query or its notice
+    // that it gave up) has arrived, even if it has shut down since and cannot answer.
+    for (int p = 0; p < W; ++p) {
+      if (known[static_cast<std::size_t>(p)] >= seq) replies[static_cast<std::size_t>(p)] = known[static_cast<std::size_t>(p)];
+    }
     for (int p = 0; p < W; ++p) {
       if (p != w) send(p, tag_query, &seq, sizeof seq, nullptr);
     }
@@ -453,8 +459,8 @@ struct group::impl {
                        " ms in cross-worker collective #" + std::to_string(seq) + " (" + what + ")";
     if (remote && remote->why == broken_state::timeout) text += " until worker " + std::to_string(remote->replica / R) + " gave up";
     text += "; replicas {" + names + "} did not arrive";
-    if (!late.empty()) text += " (workers " + late + " are behind)";
-    if (!unreachable.empty()) text += " (workers " + unreachable + " did not answer: dead or unreachable)";
+    if (!late.empty()) text += " (late workers: " + late + ")";
+    if (!unreachable.empty()) text += " (no answer from workers " + unreachable + ": dead or unreachable)";
     if (missing.empty()) text += " (every worker says it arrived: the network is slow or partitioned)";
     text += "; raise devices::Cluster{.timeout} if they are just slow";
     announce(notice_timeout, w * R, seq, text);
@@ -515,12 +521,18 @@ struct group::impl {
       const int from = status.MPI_SOURCE;
       std::int64_t head[3] = {0, 0, 0};
       std::memcpy(head, bytes.data(), std::min(bytes.size(), sizeof head));
+      std::int64_t& seen = known[static_cast<std::size_t>(from)];
       if (status.MPI_TAG == tag_query) {
+        seen = std::max(seen, head[0]);  // it asks about a collective it has entered
         const std::int64_t reply[2] = {sequence, head[0]};
         send(from, tag_reply, reply, sizeof reply, nullptr);
       } else if (status.MPI_TAG == tag_reply) {
+        seen = std::max(seen, head[0]);
         if (head[1] == asked && asked >= 0) replies[static_cast<std::size_t>(from)] = head[0];
-      } else if (status.MPI_TAG == tag_notice && !remote) {
+      } else if (status.MPI_TAG == tag_notice && head[0] == notice_timeout) {
+        seen = std::max(seen, head[2]);  // it gave up waiting in that collective
+      }
+      if (status.MPI_TAG == tag_notice && !remote) {
         broken_state s;
         s.why = head[0] == notice_timeout ? broken_state::timeout : broken_state::remote_failure;
         s.replica = static_cast<int>(head[1]);
@@ -574,6 +586,7 @@ group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
   MPI_Comm_set_errhandler(m.control, MPI_ERRORS_RETURN);
   MPI_Comm_size(m.data, &m.W);
   MPI_Comm_rank(m.data, &m.w);
+  m.known.assign(static_cast<std::size_t>(m.W), -1);
 
   // Equal R everywhere (TF leaves it undefined): {R, -R} under MAX, then the names.
   // Non-blocking with the timeout: a worker that never builds its strategy must not hang the
