@@ -77,7 +77,8 @@ class ReplicaContext {
     return detail::access::synced(std::move(result));
   }
 
-  /// Every replica gets replica `from`'s `value`.
+  /// Every replica gets replica `from`'s `value` (`from` is a global replica id on a multi-worker
+  /// strategy: worker `from / R` sends it to every other worker).
   ///
   /// **Requires**: `0 <= from < num_replicas_in_sync()` (else `std::invalid_argument`); the same
   /// nest type on every replica. Resizable leaves (`std::vector`) take `from`'s size; other

@@ -16,6 +16,9 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy
 # Sanitizer builds: MPI_Init's allocations are never freed (Open MPI's own "leaks"), which is not
 # mirror's to fix; leak checking stays on in every other suite.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+# ThreadSanitizer builds: Open MPI's uninstrumented locking is reported as races and
+# lock-order inversions inside MPI itself; suppress those (only Open MPI's modules).
+export TSAN_OPTIONS="${TSAN_OPTIONS:+$TSAN_OPTIONS }suppressions=$(cd "$(dirname "$0")" && pwd)/tsan_openmpi.supp"
 as_root=
 [ "$(id -u)" = 0 ] && as_root=--allow-run-as-root
 # --bind-to none: with np <= 2 Open MPI pins each rank to one core, and with it all of the
