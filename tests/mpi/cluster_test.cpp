@@ -15,6 +15,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <ranges>
 #include <span>
 #include <stdexcept>
 #include <tuple>
@@ -514,4 +515,23 @@ TEST_CASE("cluster: save writes once on the chief, restore broadcasts the chief'
   CHECK_THROWS_AS(mirror::restore(s, path, other, seen), mirror::shape_error);
   CHECK(other.value() == std::vector<float>{0.f, 0.f});
   if (w == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("cluster: an unsized range of global batches agrees on has-data every step", "[mpi]") {
+  const int W = world_size(), w = world_rank();
+  Strategy& s = strategy_with(1);
+  // A filter view is not sized, so no size check up front: worker w's range ends after w + 1
+  // batches (a bug in a real program), and every worker still stops together, at step W,
+  // the exhausted ones giving their replicas empty batches meanwhile.
+  std::vector<std::vector<int>> batches(static_cast<std::size_t>(W), std::vector<int>(static_cast<std::size_t>(W), 1));
+  int index = 0;
+  auto mine = batches | std::views::filter([&, w](const std::vector<int>&) { return index++ <= w; });
+  static_assert(!std::ranges::sized_range<decltype(mine)>);
+  int steps = 0, empty = 0;
+  for (const auto& step : s.distribute_dataset(mine)) {
+    ++steps;
+    if (step[0].empty()) ++empty;
+  }
+  CHECK(steps == W);
+  CHECK(empty == W - 1 - w);
 }
