@@ -166,7 +166,10 @@ class Strategy {
   /// **Errors**: an exception thrown by `fn` on any replica cancels the other replicas'
   /// collectives and is rethrown once every replica has returned: a `mirror::error` as itself,
   /// anything else as `mirror::replica_error` naming the replica, with the original nested. When
-  /// several replicas fail, the lowest replica id's error is reported. The strategy stays usable.
+  /// several replicas fail, the lowest replica id's error is reported. The strategy stays usable
+  /// — except on a multi-worker device, where the other workers are told at once (their pending
+  /// cross-worker collectives throw `replica_error`) and the cluster cannot continue (MPI cannot
+  /// cancel a posted collective): restart from a checkpoint (`mirror::restore`).
   /// Calling `run` from inside `fn` throws `mirror::error`. A `PerReplica` argument whose size is
   /// not `num_replicas_in_sync()` (or a variable made by a strategy with another replica
   /// count) throws `mirror::shape_error` before any replica starts.
