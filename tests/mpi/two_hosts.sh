@@ -47,6 +47,15 @@ for h in "${hosts[@]}"; do
   i=$((i + 1))
 done
 
+# Can A reach B at all? A TCP connect to a closed port is refused at once where packets flow;
+# it times out where a firewall filters bridged traffic (Docker hosts set FORWARD to DROP with
+# br_netfilter): then skip, instead of an mpirun that hangs until the timeout.
+probe=$(timeout 3 ip netns exec "${hosts[0]}" bash -c "exec 3<>/dev/tcp/$prefix.12/9" 2>&1)
+if [ $? -eq 124 ]; then
+  skip "the two namespaces cannot reach each other over the bridge (a firewall on bridged traffic?)"
+fi
+case $probe in *refused*|'') ;; *) skip "probe between the namespaces failed: $probe" ;; esac
+
 # Stands in for ssh: $1 = host = namespace name, the rest = the orted command line.
 cat > "$work/nsrsh" <<'EOS'
 #!/bin/sh
