@@ -10,9 +10,9 @@
 #   ./dev.sh test    [tsan|asan] [-- ARGS...]    install what is missing, build, run the
 #                                                whole test suite (ARGS go to meson test,
 #                                                e.g. -- --suite mirror)
-#   ./dev.sh bench   [-- ARGS...]                install what is missing (plus OpenMPI and
-#                                                gnuplot for the baselines and plots), run
-#                                                bench/report.sh (ARGS go to it, e.g. -- --quick):
+#   ./dev.sh bench   [-- ARGS...]                install what is missing (plus gnuplot for
+#                                                the plots), run bench/report.sh
+#                                                (ARGS go to it, e.g. -- --quick):
 #                                                bench/results/report.md and PNGs, as in README
 #
 # Build directories: build (plain; also builds bench/ and runs its smoke tests), build-tsan
@@ -25,9 +25,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 
 PACKAGES=(meson ninja-build g++ pkg-config python3 libboost-dev catch2 libbenchmark-dev
           # examples/fashion_mnist: Eigen, zlib (the .gz data), BLAS -> OpenBLAS, the data set
-          libeigen3-dev zlib1g-dev libblas-dev libopenblas0-pthread dataset-fashion-mnist)
-# ./dev.sh bench only: the MPI_Allreduce baseline and the plots.
-BENCH_PACKAGES=(libopenmpi-dev openmpi-bin gnuplot-nox)
+          libeigen3-dev zlib1g-dev libblas-dev libopenblas0-pthread dataset-fashion-mnist
+          # the multi-worker backend (devices::Cluster) and its mpirun suite (tests/mpi);
+          # iproute2 for the two-namespace test, which skips where it lacks CAP_NET_ADMIN
+          libopenmpi-dev openmpi-bin iproute2)
+# ./dev.sh bench only: the plots (OpenMPI, for the MPI_Allreduce baseline, is in PACKAGES).
+BENCH_PACKAGES=(gnuplot-nox)
 
 log() { printf '==> %s\n' "$*"; }
 die() { printf 'dev.sh: %s\n' "$*" >&2; exit 2; }

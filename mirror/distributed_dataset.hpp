@@ -25,6 +25,7 @@
 #include <boost/hana/for_each.hpp>
 #include <boost/hana/second.hpp>
 #include <mirror/concepts/nest.hpp>
+#include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <mirror/error.hpp>
@@ -278,6 +279,13 @@ class prefetcher {
 /// first G mod R replicas get one more; a ragged last batch by the same rule on its own size;
 /// replicas left without rows get empty views). Iteration ends with the range, or at a global
 /// batch with no rows. An input range: iterate it once.
+///
+/// **Multi-worker** (N = W*R): every worker iterates the same global batches and keeps the
+/// parts of its global replicas w*R .. w*R+R-1 (contiguous, by the rule above with N). No
+/// communication per step: a sized range has its size compared across workers once, when
+/// iteration starts (a mismatch is a `shape_error` on every worker, never a hang); an unsized
+/// one all-reduces "has a batch" each step, so every worker stops together and a worker whose
+/// range ended early gives its replicas empty batches.
 template <class Range>
 class DistributedDataset {
   using batch_type = std::remove_cvref_t<std::ranges::range_reference_t<Range>>;
@@ -293,8 +301,14 @@ class DistributedDataset {
  public:
   using value_type = PerReplica<detail::batch_view_t<batch_type>>;
 
-  DistributedDataset(Range range, int replicas, InputOptions options)
-      : range_(std::move(range)), replicas_(replicas), options_(options) {}
+  DistributedDataset(Range range, int replicas, InputOptions options, int first_replica = 0, int local_replicas = -1,
+                     detail::worker_group* group = nullptr)
+      : range_(std::move(range)),
+        replicas_(replicas),
+        options_(options),
+        first_(first_replica),
+        local_(local_replicas < 0 ? replicas : local_replicas),
+        group_(group) {}
 
   class iterator : public detail::step_iterator<iterator, value_type> {
    public:
@@ -303,6 +317,19 @@ class DistributedDataset {
    private:
     friend class DistributedDataset;
     explicit iterator(DistributedDataset* d) : d_(d) {
+      if constexpr (std::ranges::sized_range<Range>) {
+        if (d_->group_ != nullptr) {
+          const auto n = static_cast<std::int64_t>(std::ranges::size(d_->range_));
+          detail::require_equal_across_workers(
+              *d_->group_, n, "mirror::Strategy::distribute_dataset", [&](std::int64_t most, std::int64_t least) {
+                throw shape_error("mirror::Strategy::distribute_dataset: the workers' ranges of global batches "
+                                  "differ in size (between " + std::to_string(least) + " and " +
+                                  std::to_string(most) + " batches; worker " +
+                                  std::to_string(d_->group_->worker_index()) + " has " + std::to_string(n) +
+                                  "); every worker must iterate the same global batches (same source, same seed)");
+              });
+        }
+      }
       if (d_->options_.prefetch > 0) {
         prefetch_ = std::make_unique<detail::prefetcher<held_type>>(d_->range_, static_cast<std::size_t>(d_->options_.prefetch));
       } else {
@@ -311,6 +338,7 @@ class DistributedDataset {
       advance();
     }
     std::optional<held_type> pull() {
+      if (exhausted_) return std::nullopt;
       if (prefetch_) return prefetch_->next();
       if (*it_ == std::ranges::end(d_->range_)) return std::nullopt;
       std::optional<held_type> v;
@@ -325,16 +353,26 @@ class DistributedDataset {
     void advance() {
       this->current_.reset();
       held_ = pull();
-      if (!held_) return;
-      const batch_type& batch = deref(*held_);
-      const std::size_t rows = detail::batch_rows(batch);
+      std::size_t rows = held_ ? detail::batch_rows(deref(*held_)) : 0;
       if (rows == 0) {
         held_.reset();
+        exhausted_ = true;
+      }
+      if (!std::ranges::sized_range<Range> && d_->group_ != nullptr) {
+        // Unsized: the workers agree each step whether anyone still has a batch.
+        std::int64_t have = held_ ? 1 : 0;
+        d_->group_->all_reduce(&have, 1, detail::element_kind_of<std::int64_t>(), ReduceOp::sum,
+                               "mirror::DistributedDataset (has-data step)");
+        if (have == 0) return;
+      } else if (!held_) {
         return;
       }
       std::vector<detail::batch_view_t<batch_type>> parts;
-      parts.reserve(static_cast<std::size_t>(d_->replicas_));
-      for (int r = 0; r < d_->replicas_; ++r) parts.push_back(detail::split_batch(batch, rows, d_->replicas_, r));
+      parts.reserve(static_cast<std::size_t>(d_->local_));
+      for (int r = 0; r < d_->local_; ++r) {
+        parts.push_back(held_ ? detail::split_batch(deref(*held_), rows, d_->replicas_, d_->first_ + r)
+                              : detail::batch_view_t<batch_type>{});
+      }
       this->current_.emplace(std::move(parts));
     }
     static const batch_type& deref(const held_type& h) {
@@ -350,6 +388,7 @@ class DistributedDataset {
     std::optional<std::ranges::iterator_t<Range>> it_;
     std::unique_ptr<detail::prefetcher<held_type>> prefetch_;
     std::optional<held_type> held_;
+    bool exhausted_ = false;
   };
 
   iterator begin() { return iterator(this); }
@@ -357,21 +396,27 @@ class DistributedDataset {
 
  private:
   Range range_;
-  int replicas_;
+  int replicas_;  // in sync (all workers)
   InputOptions options_;
+  int first_;     // global id of this worker's replica 0
+  int local_;     // replicas in this process
+  detail::worker_group* group_;
 };
 
 /// The range `Strategy::distribute_datasets_from_function(fn)` returns: each step, every replica
 /// dequeues one batch from the function's range, in replica order; when the range runs out
 /// mid-step, the remaining replicas get an empty (value-initialised) batch, and iteration ends
-/// at the first step where no replica gets one.
+/// at the first step where no replica gets one. Multi-worker: "no replica" means no replica of
+/// any worker — the count is all-reduced each step (TF's has-data rule), so ragged per-worker
+/// data ends every worker at the same step.
 template <class Range>
 class DatasetsFromFunction {
  public:
   using batch_type = std::ranges::range_value_t<Range>;
   using value_type = PerReplica<batch_type>;
 
-  DatasetsFromFunction(Range range, int replicas) : range_(std::move(range)), replicas_(replicas) {}
+  DatasetsFromFunction(Range range, int replicas, detail::worker_group* group = nullptr)
+      : range_(std::move(range)), replicas_(replicas), group_(group) {}
 
   class iterator : public detail::step_iterator<iterator, value_type> {
    public:
@@ -394,6 +439,12 @@ class DatasetsFromFunction {
           parts.push_back(batch_type{});
         }
       }
+      if (d_->group_ != nullptr) {
+        std::int64_t have = any ? 1 : 0;
+        d_->group_->all_reduce(&have, 1, detail::element_kind_of<std::int64_t>(), ReduceOp::sum,
+                               "mirror::DatasetsFromFunction (has-data step)");
+        any = have > 0;
+      }
       if (any) this->current_.emplace(std::move(parts));
     }
     friend detail::step_iterator<iterator, value_type>;
@@ -406,7 +457,8 @@ class DatasetsFromFunction {
 
  private:
   Range range_;
-  int replicas_;
+  int replicas_;  // in this process
+  detail::worker_group* group_;
 };
 
 }  // namespace mirror

@@ -9,6 +9,7 @@
 #include <boost/hana/define_struct.hpp>
 
 #include <mirror/axis.hpp>
+#include <mirror/checkpoint.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
 #include <mirror/concepts/device.hpp>
 #include <mirror/concepts/nest.hpp>
@@ -27,6 +28,7 @@
 #include <mirror/per_replica.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/replica_context.hpp>
+#include <mirror/shard.hpp>
 #include <mirror/strategy.hpp>
 #include <mirror/sync_on_read_variable.hpp>
 #include <mirror/synced.hpp>
@@ -35,4 +37,7 @@
 #include <backends/threads/threads.hpp>
 #if MIRROR_HAS_CUDA
 #include <backends/cuda/cuda.hpp>  // and, in NCCL builds, backends/nccl (through cuda_device.hpp)
+#endif
+#if MIRROR_HAS_MPI
+#include <backends/mpi/mpi.hpp>  // devices::Cluster, ops::Hierarchical, ops::MpiAllReduce (brings <mpi.h>)
 #endif

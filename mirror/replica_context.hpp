@@ -38,8 +38,9 @@ namespace mirror {
 template <class Strategy>
 class ReplicaContext {
  public:
-  /// This replica's id, 0 .. num_replicas_in_sync() - 1.
-  int replica_id_in_sync_group() const noexcept { return self_; }
+  /// This replica's id, 0 .. num_replicas_in_sync() - 1 (on worker w of a multi-worker
+  /// strategy with R local replicas: w*R + the local index).
+  int replica_id_in_sync_group() const noexcept { return strategy_->first_local_replica() + self_; }
   /// The number of replicas running `fn` together.
   int num_replicas_in_sync() const noexcept { return strategy_->num_replicas_in_sync(); }
 
@@ -76,7 +77,8 @@ class ReplicaContext {
     return detail::access::synced(std::move(result));
   }
 
-  /// Every replica gets replica `from`'s `value`.
+  /// Every replica gets replica `from`'s `value` (`from` is a global replica id on a multi-worker
+  /// strategy: worker `from / R` sends it to every other worker).
   ///
   /// **Requires**: `0 <= from < num_replicas_in_sync()` (else `std::invalid_argument`); the same
   /// nest type on every replica. Resizable leaves (`std::vector`) take `from`'s size; other
@@ -92,10 +94,27 @@ class ReplicaContext {
                   "strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");
     if (from < 0 || from >= num_replicas_in_sync()) {
       throw std::invalid_argument("mirror::ReplicaContext::broadcast(value, from = " + std::to_string(from) +
-                                  ") on replica " + std::to_string(self_) + ": from must be a replica id in 0.." +
-                                  std::to_string(num_replicas_in_sync() - 1));
+                                  ") on replica " + std::to_string(replica_id_in_sync_group()) +
+                                  ": from must be a replica id in 0.." + std::to_string(num_replicas_in_sync() - 1));
     }
     N result(std::forward<T>(value));
+    if constexpr (Strategy::multi_worker) {
+      // Within the source's worker, from its replica; then that worker's replica 0 sends it to
+      // every other worker's replica 0; then each worker shares it locally.
+      const int local = strategy_->num_local_replicas();
+      const int root = from / local;
+      if (strategy_->worker_index() == root) result = local_broadcast(std::move(result), from % local);
+      strategy_->cross_broadcast(self_, result, root);
+      return detail::access::synced(local_broadcast(std::move(result), 0));
+    } else {
+      return detail::access::synced(local_broadcast(std::move(result), from));
+    }
+  }
+
+ private:
+  /// broadcast among this process's replicas, `from` a local replica index.
+  template <class N>
+  N local_broadcast(N result, int from) {
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> sizes{}, shape{};  // shape: what must agree (resizable leaves need not)
     std::size_t k = 0;
@@ -123,8 +142,10 @@ class ReplicaContext {
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
       strategy_->template broadcast_leaves<E>(self_, from, detail::leaves_of<E>(result));
     });
-    return detail::access::synced(std::move(result));
+    return result;
   }
+
+ public:
 
   /// Runs `fn(strategy, PerReplica<Args>...)` once, in cross-replica context, with every
   /// replica's arguments gathered; every replica gets its result as `Synced` (or nothing when

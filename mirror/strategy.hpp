@@ -22,6 +22,7 @@
 #include <mirror/default_ops.hpp>
 #include <mirror/detail/access.hpp>
 #include <mirror/detail/collective.hpp>
+#include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/host_reduce.hpp>
 #include <mirror/detail/leaf_math.hpp>
@@ -110,6 +111,9 @@ class Strategy {
   using ops_type = Ops;
   using runtime_type = runtime_t<Device>;
   using context_type = ReplicaContext<Strategy>;
+  /// True when the device spans several processes (`devices::Cluster`, backends/mpi): then
+  /// N = W*R replicas are in sync, R of them in this process.
+  static constexpr bool multi_worker = detail::spans_workers<runtime_type>;
 
   /// Starts the device runtime (a thread pool on `devices::Threads`).
   /// **Errors**: `std::invalid_argument` for an invalid device or ops setting (the message names
@@ -121,8 +125,31 @@ class Strategy {
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
 
-  /// The number of replicas `run` calls `fn` on.
-  int num_replicas_in_sync() const noexcept { return rt_.num_replicas(); }
+  /// The number of replicas in sync: those `run` calls `fn` on, in every worker (W*R on a
+  /// multi-worker device, R otherwise).
+  int num_replicas_in_sync() const noexcept { return rt_.num_replicas() * num_workers(); }
+
+  /// The replicas in this process (R): the components of a `PerReplica` or `Mirrored`, the
+  /// copies of a variable. Equal to `num_replicas_in_sync()` in a single process.
+  int num_local_replicas() const noexcept { return rt_.num_replicas(); }
+  /// The number of worker processes W (1 unless the device is `devices::Cluster`).
+  int num_workers() const noexcept {
+    if constexpr (multi_worker) {
+      return rt_.workers()->num_workers();
+    } else {
+      return 1;
+    }
+  }
+  /// This process's worker index w; its replicas are w*R .. w*R + R - 1.
+  int worker_index() const noexcept {
+    if constexpr (multi_worker) {
+      return rt_.workers()->worker_index();
+    } else {
+      return 0;
+    }
+  }
+  /// True on worker 0, the one that writes checkpoints (TF's `is_chief` with no chief job).
+  bool is_chief() const noexcept { return worker_index() == 0; }
 
   /// Calls `fn` once on every replica, concurrently, and returns when all have returned.
   ///
@@ -139,7 +166,10 @@ class Strategy {
   /// **Errors**: an exception thrown by `fn` on any replica cancels the other replicas'
   /// collectives and is rethrown once every replica has returned: a `mirror::error` as itself,
   /// anything else as `mirror::replica_error` naming the replica, with the original nested. When
-  /// several replicas fail, the lowest replica id's error is reported. The strategy stays usable.
+  /// several replicas fail, the lowest replica id's error is reported. The strategy stays usable
+  /// — except on a multi-worker device, where the other workers are told at once (their pending
+  /// cross-worker collectives throw `replica_error`) and the cluster cannot continue (MPI cannot
+  /// cancel a posted collective): restart from a checkpoint (`mirror::restore`).
   /// Calling `run` from inside `fn` throws `mirror::error`. A `PerReplica` argument whose size is
   /// not `num_replicas_in_sync()` (or a variable made by a strategy with another replica
   /// count) throws `mirror::shape_error` before any replica starts.
@@ -153,7 +183,7 @@ class Strategy {
     std::size_t index = 0;
     (check_components(args, index++), ...);
     std::lock_guard lock(run_mutex_);
-    const int n = num_replicas_in_sync();
+    const int n = num_local_replicas();
     std::vector<std::exception_ptr>& errors = errors_;  // reused: runs are serialised
     if constexpr (std::is_void_v<Result>) {
       rt_.parallel([&](int r) noexcept {
@@ -233,8 +263,16 @@ class Strategy {
     using T = typename V::value_type;
     const std::span<const T> components(value.begin(), value.end());
     T out = components[0];
-    detail::reduce_components(op, components, out,
+    detail::reduce_components(detail::cross_op(op), components, out,
                               [&](std::size_t bytes, auto&& body) { host_parallel(bytes, body); }, "reduce");
+    if constexpr (multi_worker) {
+      // This worker's R components are combined above; the workers' partial results are then
+      // combined across processes, and a mean divides once, by W*R.
+      detail::all_reduce_nest(*rt_.workers(), out, op, static_cast<std::size_t>(num_replicas_in_sync()),
+                              "mirror::Strategy::reduce");
+    } else if (op == ReduceOp::mean) {
+      detail::divide_leaves(out, components.size());
+    }
     return out;
   }
 
@@ -263,7 +301,47 @@ class Strategy {
     ptrs.reserve(components.size());
     for (const T& c : components) ptrs.push_back(&c);
     R out{};
-    detail::reduce_axis0_into<T>(op, out, std::move(ptrs));
+    if constexpr (multi_worker) {
+      // Sum (or min/max/prod) here, then across workers; a mean divides by the element count
+      // of every replica of every worker, so ragged batches weigh right.
+      detail::reduce_axis0_into<T>(detail::cross_op(op), out, ptrs);
+      detail::worker_group& g = *rt_.workers();
+      detail::all_reduce_nest(g, out, detail::cross_op(op), 1, "mirror::Strategy::reduce(axis0)");
+      if (op == ReduceOp::mean) {
+        constexpr std::size_t K = detail::leaf_count<R>();
+        std::array<std::int64_t, K> counts{};
+        for (const T* c : ptrs) {
+          std::size_t k = 0;
+          detail::for_each_leaf(
+              [&](const auto& l) {
+                counts[k++] += static_cast<std::int64_t>(leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size());
+              },
+              *c);
+        }
+        g.all_reduce(counts.data(), K, detail::element_kind_of<std::int64_t>(), ReduceOp::sum,
+                     "mirror::Strategy::reduce(axis0)");
+        std::size_t k = 0;
+        detail::for_each_leaf(
+            [&](auto& x) {
+              using E = std::remove_cvref_t<decltype(x)>;
+              const auto n = static_cast<std::size_t>(counts[k++]);
+              if (n == 0) {
+                if constexpr (std::is_integral_v<E>) {
+                  throw shape_error("mirror::Strategy::reduce(mean, value, axis0): no elements on any replica of any "
+                                    "worker; the mean of zero " + detail::type_name<E>() +
+                                    " elements is undefined (use sum, or a floating-point leaf, which gives NaN)");
+                } else {
+                  x = x / E(0);
+                  return;
+                }
+              }
+              x = detail::divide(x, n);
+            },
+            out);
+      }
+    } else {
+      detail::reduce_axis0_into<T>(op, out, std::move(ptrs));
+    }
     return out;
   }
 
@@ -283,16 +361,28 @@ class Strategy {
   /// A variable kept in sync on write: one copy of `init` per replica (see
   /// `mirror/mirrored_variable.hpp`).
   /// **Errors**: `aggregation_error` for `VariableAggregation::mean` with integer leaves.
+  ///
+  /// On a multi-worker device this is collective: every worker calls it in the same order, and
+  /// every copy starts as the chief's `init` (TF broadcasts it, so unseeded initialisers agree).
   template <class T>
   MirroredVariable<T> make_variable(T init, VariableAggregation aggregation = VariableAggregation::none) {
-    return detail::access::make<MirroredVariable<T>>(init, num_replicas_in_sync(), aggregation);
+    if constexpr (multi_worker) detail::broadcast_nest(*rt_.workers(), init, 0, "mirror::Strategy::make_variable");
+    return detail::access::make<MirroredVariable<T>>(init, num_local_replicas(), aggregation);
   }
 
   /// A variable each replica writes on its own, aggregated when read in cross-replica context
   /// (see `mirror/sync_on_read_variable.hpp`).
+  ///
+  /// Multi-worker: collective like `make_variable` (the chief's `init`); its cross-replica
+  /// `value()` and `assign` are collective too (they combine or count every worker's copies).
   template <class T>
   SyncOnReadVariable<T> make_sync_on_read_variable(T init, VariableAggregation aggregation) {
-    return detail::access::make<SyncOnReadVariable<T>>(init, num_replicas_in_sync(), aggregation);
+    detail::worker_group* g = nullptr;
+    if constexpr (multi_worker) {
+      g = rt_.workers();
+      detail::broadcast_nest(*g, init, 0, "mirror::Strategy::make_sync_on_read_variable");
+    }
+    return detail::access::make<SyncOnReadVariable<T>>(init, num_local_replicas(), aggregation, g);
   }
 
   /// Splits each global batch of `global_batches` over the replicas (views, no copy); iterate the
@@ -306,28 +396,44 @@ class Strategy {
                                   "}: prefetch must be >= 0");
     }
     using V = std::views::all_t<R>;
-    return DistributedDataset<V>(std::views::all(std::forward<R>(global_batches)), num_replicas_in_sync(), options);
+    detail::worker_group* g = nullptr;
+    if constexpr (multi_worker) g = rt_.workers();
+    return DistributedDataset<V>(std::views::all(std::forward<R>(global_batches)), num_replicas_in_sync(), options,
+                                 worker_index() * num_local_replicas(), num_local_replicas(), g);
   }
 
   /// Calls `dataset_fn(const InputContext&)` once, on this thread, with
-  /// `{.num_input_pipelines = 1, .input_pipeline_id = 0, .num_replicas_in_sync = N}`; it returns
-  /// a range of per-replica batches, which replicas dequeue one each per step, in replica order.
+  /// `{.num_input_pipelines = W, .input_pipeline_id = w, .num_replicas_in_sync = N}` (W = 1,
+  /// w = 0 in one process); it returns a range of per-replica batches, which this worker's
+  /// replicas dequeue one each per step, in replica order (shard it with `mirror::shard`).
+  /// Multi-worker: each step all-reduces how many replicas got a batch, so iteration ends on
+  /// every worker together, and replicas of a worker whose data ran out get empty batches.
   template <class F>
   auto distribute_datasets_from_function(F&& dataset_fn) {
-    const InputContext context{1, 0, num_replicas_in_sync()};
+    const InputContext context{num_workers(), worker_index(), num_replicas_in_sync()};
     using R = std::invoke_result_t<F&, const InputContext&>;
     static_assert(std::ranges::input_range<R>,
                   "mirror::Strategy::distribute_datasets_from_function(fn): fn(const InputContext&) must "
                   "return a range of per-replica batches");
     using V = std::views::all_t<R>;
-    return DatasetsFromFunction<V>(std::views::all(dataset_fn(context)), num_replicas_in_sync());
+    detail::worker_group* g = nullptr;
+    if constexpr (multi_worker) g = rt_.workers();
+    return DatasetsFromFunction<V>(std::views::all(dataset_fn(context)), num_local_replicas(), g);
   }
 
-  /// A `Mirrored<T>` holding one copy of `value` per replica.
+  /// A `Mirrored<T>` holding one copy of `value` per (local) replica. Multi-worker: collective,
+  /// and every copy on every worker is the chief's `value`.
   template <class T>
   Mirrored<std::remove_cvref_t<T>> broadcast(const T& value) {
-    return detail::access::mirrored(
-        std::vector<std::remove_cvref_t<T>>(static_cast<std::size_t>(num_replicas_in_sync()), value));
+    if constexpr (multi_worker) {
+      std::remove_cvref_t<T> chief(value);
+      detail::broadcast_nest(*rt_.workers(), chief, 0, "mirror::Strategy::broadcast");
+      return detail::access::mirrored(
+          std::vector<std::remove_cvref_t<T>>(static_cast<std::size_t>(num_local_replicas()), chief));
+    } else {
+      return detail::access::mirrored(
+          std::vector<std::remove_cvref_t<T>>(static_cast<std::size_t>(num_local_replicas()), value));
+    }
   }
 
   /// The device runtime (threads, streams): for backends and tests.
@@ -365,11 +471,12 @@ class Strategy {
   void check_components(const A& a, std::size_t index) const {
     using D = std::remove_cvref_t<A>;
     if constexpr (detail::is_per_replica<D>::value || detail::is_mirrored<D>::value || detail::is_variable<D>::value) {
-      if (a.size() != static_cast<std::size_t>(num_replicas_in_sync())) {
+      if (a.size() != static_cast<std::size_t>(num_local_replicas())) {
         throw shape_error("mirror::Strategy::run: argument " + std::to_string(index) + " has " +
                           std::to_string(a.size()) + " components but the strategy has " +
-                          std::to_string(num_replicas_in_sync()) +
-                          " replicas; build it with one component per replica (a variable: make it with "
+                          std::to_string(num_local_replicas()) +
+                          (multi_worker ? " replicas in this worker" : " replicas") +
+                          "; build it with one component per replica (a variable: make it with "
                           "this strategy)");
       }
     }
@@ -384,11 +491,16 @@ class Strategy {
     } catch (...) {
       errors[static_cast<std::size_t>(r)] = std::current_exception();
       rt_.cancel();
+      // Other workers may wait for this one in a cross-worker collective: tell them now.
+      if constexpr (multi_worker) rt_.workers()->report_failure(first_local_replica() + r, errors[static_cast<std::size_t>(r)]);
     }
   }
 
+  /// The global id of this worker's replica 0.
+  int first_local_replica() const noexcept { return worker_index() * num_local_replicas(); }
+
   /// Rethrows the lowest replica's error, if any, leaving `errors` empty for the next run.
-  static void rethrow_first(std::vector<std::exception_ptr>& errors) {
+  void rethrow_first(std::vector<std::exception_ptr>& errors) const {
     std::exception_ptr first;
     int replica = 0;
     for (std::size_t r = 0; r < errors.size(); ++r) {
@@ -404,9 +516,9 @@ class Strategy {
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {
-      throw replica_error(replica, e.what());
+      throw replica_error(first_local_replica() + replica, e.what());
     } catch (...) {
-      throw replica_error(replica, "an exception not derived from std::exception");
+      throw replica_error(first_local_replica() + replica, "an exception not derived from std::exception");
     }
   }
 
@@ -415,12 +527,12 @@ class Strategy {
   template <class Body>
   void host_parallel(std::size_t bytes, Body&& body) {
     constexpr std::size_t worth_it = std::size_t{1} << 18;  // below ~256 KiB a dispatch costs more than it saves
-    if (bytes < worth_it || rt_.in_parallel() || num_replicas_in_sync() == 1) {
+    if (bytes < worth_it || rt_.in_parallel() || num_local_replicas() == 1) {
       body(0, 1);
       return;
     }
     std::lock_guard lock(run_mutex_);
-    rt_.parallel([&](int r) noexcept { body(r, num_replicas_in_sync()); });
+    rt_.parallel([&](int r) noexcept { body(r, num_local_replicas()); });
   }
 
   // ---- entry points for ReplicaContext ----
@@ -496,6 +608,13 @@ class Strategy {
   }
 
   void end_merge(int self) { rt_.barrier(self); }
+
+  /// The cross-worker part of ReplicaContext::broadcast: worker `root`'s replica 0 sends to every
+  /// worker's replica 0. The other replicas wait in the local broadcast that follows.
+  template <class N>
+  void cross_broadcast(int self, N& value, int root) {
+    if (self == 0) detail::broadcast_nest(*rt_.workers(), value, root, "mirror::ReplicaContext::broadcast");
+  }
 
   runtime_type rt_;
   Ops ops_;

@@ -11,6 +11,7 @@
 #include <vector>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
+#include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/host_reduce.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/error.hpp>
@@ -28,6 +29,10 @@ namespace mirror {
 /// `aggregation_error`). `assign(v)` stores `v / N` in each copy for `sum` (so the summed read
 /// gives `v`) and `v` otherwise; `assign_add` / `assign_sub` change every copy, and are an
 /// `aggregation_error` for `sum` (TF's rule: the read would change by N times the value).
+///
+/// **Multi-worker** (`devices::Cluster`): N = W*R; `value()` combines every worker's copies and
+/// `only_first_replica` reads global replica 0 (the chief's first copy), so `value()` is a
+/// collective that every worker calls in the same order.
 template <class T>
 class SyncOnReadVariable {
   static_assert(nest<T>, "mirror::SyncOnReadVariable<T>: T must be a nest (mirror/concepts/nest.hpp)");
@@ -74,7 +79,11 @@ class SyncOnReadVariable {
             "mirror::SyncOnReadVariable::value in cross-replica context: the aggregation is none, so the "
             "copies cannot be combined; create it with sum, mean or only_first_replica, or read the copies "
             "with local_results");
-      case VariableAggregation::only_first_replica: return copies_.front();
+      case VariableAggregation::only_first_replica: {
+        T first = copies_.front();
+        if (group_ != nullptr) detail::broadcast_nest(*group_, first, 0, "mirror::SyncOnReadVariable::value");
+        return first;
+      }
       case VariableAggregation::sum: return reduced(ReduceOp::sum);
       case VariableAggregation::mean: return reduced(ReduceOp::mean);
     }
@@ -85,7 +94,7 @@ class SyncOnReadVariable {
   void assign(const T& v) {
     detail::require_same_shape(copies_.front(), v, "mirror::SyncOnReadVariable::assign");
     T each = v;
-    if (aggregation_ == VariableAggregation::sum) detail::divide_leaves(each, copies_.size());
+    if (aggregation_ == VariableAggregation::sum) detail::divide_leaves(each, replicas_in_sync());
     for (T& c : copies_) detail::apply_update(detail::update_kind::assign, c, each);
   }
   void assign_add(const T& v) { add_to_all(detail::update_kind::add, v, "assign_add"); }
@@ -104,14 +113,24 @@ class SyncOnReadVariable {
   }
 
  private:
-  SyncOnReadVariable(const T& init, int replicas, VariableAggregation aggregation)
-      : copies_(static_cast<std::size_t>(replicas), init), aggregation_(aggregation) {}
+  SyncOnReadVariable(const T& init, int replicas, VariableAggregation aggregation,
+                     detail::worker_group* group = nullptr)
+      : copies_(static_cast<std::size_t>(replicas), init), aggregation_(aggregation), group_(group) {}
   friend struct detail::access;
+
+  std::size_t replicas_in_sync() const noexcept {
+    return copies_.size() * static_cast<std::size_t>(group_ != nullptr ? group_->num_workers() : 1);
+  }
 
   T reduced(ReduceOp op) const {
     T out = copies_.front();
-    detail::reduce_components(op, std::span<const T>(copies_), out,
+    detail::reduce_components(detail::cross_op(op), std::span<const T>(copies_), out,
                               [](std::size_t, auto&& body) { body(0, 1); }, "SyncOnReadVariable::value");
+    if (group_ != nullptr) {
+      detail::all_reduce_nest(*group_, out, op, replicas_in_sync(), "mirror::SyncOnReadVariable::value");
+    } else if (op == ReduceOp::mean) {
+      detail::divide_leaves(out, copies_.size());
+    }
     return out;
   }
   void add_to_all(detail::update_kind kind, const T& v, const char* api) {
@@ -126,6 +145,7 @@ class SyncOnReadVariable {
 
   std::vector<T> copies_;
   VariableAggregation aggregation_;
+  detail::worker_group* group_;  // null in one process
 };
 
 }  // namespace mirror

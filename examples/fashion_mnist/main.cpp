@@ -4,7 +4,12 @@
 //
 //   fashion_mnist [--epochs 10] [--replicas 2] [--batch-size 256] [--lr 0.1] [--momentum 0.9] [--seed 1]
 //                 [--policy default|reduction_to_one_device|hierarchical_copy]
-//                 [--data /usr/share/datasets/fashion-mnist] [--limit N]
+//                 [--data /usr/share/datasets/fashion-mnist] [--limit N] [--device threads|cluster]
+//
+// Multi-worker (MPI builds): `mpirun -np W --bind-to none fashion_mnist --device cluster
+// --replicas R` trains on W processes x R replicas (devices::Cluster<Threads>); every worker
+// reads and shuffles the same data and takes its part of each global batch. With W x R = N it
+// learns exactly what one process with --replicas N does (tests/examples/run_fashion_mnist_cluster.py).
 //
 // The mirror parts, in the order a step uses them:
 //  - the parameters and the momentum buffers are ONE MirroredVariable<State> (a Hana struct of
@@ -56,6 +61,7 @@ struct Options {
   std::string policy = "default";
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::size_t limit = 0;  // 0: the whole training set
+  std::string device = "threads";
 };
 
 constexpr const char* usage_text =
@@ -69,7 +75,9 @@ constexpr const char* usage_text =
     "  --policy P        all-reduce algorithm: default, reduction_to_one_device, hierarchical_copy\n"
     "  --data DIR        folder of the IDX files (default /usr/share/datasets/fashion-mnist,\n"
     "                    from Debian's dataset-fashion-mnist package)\n"
-    "  --limit N         train on the first N training images only (default: all)\n";
+    "  --limit N         train on the first N training images only (default: all)\n"
+    "  --device D        threads (default), or cluster: one worker of devices::Cluster<Threads>, launched\n"
+    "                    with mpirun -np W (MPI builds; --replicas is per worker, policy default)\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
   std::fprintf(stderr, "fashion_mnist: %s\n%s", msg.c_str(), usage_text);
@@ -123,6 +131,12 @@ Options parse(int argc, char** argv) {
       }
     } else if (a == "--data") {
       o.data = v;
+    } else if (a == "--device") {
+      o.device = v;
+      if (o.device != "threads" && o.device != "cluster") usage_error("unknown --device '" + o.device + "'");
+#if !MIRROR_HAS_MPI
+      if (o.device == "cluster") usage_error("--device cluster needs a build with MPI (libopenmpi-dev)");
+#endif
     } else {
       usage_error("unknown option '" + std::string(a) + "'");
     }
@@ -185,18 +199,22 @@ class Progress {
   std::chrono::steady_clock::time_point last_{};
 };
 
-template <class Ops>
-double train_and_test(const Options& o, const fm::split& train, const fm::split& test) {
-  using Strategy = mirror::Strategy<mirror::devices::Threads, Ops>;
-  Strategy strategy{mirror::devices::Threads{.replicas = o.replicas}};
-  const int replicas = strategy.num_replicas_in_sync();
+bool chief = true;  // prints the progress lines (every worker of a cluster trains the same model)
+
+template <class Device, class Ops>
+double train_and_test(const Options& o, const fm::split& train, const fm::split& test, Device device) {
+  using Strategy = mirror::Strategy<Device, Ops>;
+  Strategy strategy{device};
+  chief = strategy.is_chief();
+  const int replicas = strategy.num_replicas_in_sync();  // in every worker
+  const int local = strategy.num_local_replicas();       // in this process
 
   // The model: one variable; every replica's copy starts from the same seeded weights.
   auto state = strategy.make_variable(fm::State{fm::init_params(o.seed), fm::zero_params()});
   // Each replica's activations and gradient buffers (replica i receives component i).
   const std::size_t rows_per_replica = (o.batch_size + static_cast<std::size_t>(replicas) - 1) / replicas;
   mirror::PerReplica<fm::Workspace> work(
-      std::vector<fm::Workspace>(static_cast<std::size_t>(replicas), fm::Workspace(rows_per_replica)));
+      std::vector<fm::Workspace>(static_cast<std::size_t>(local), fm::Workspace(rows_per_replica)));
 
   auto train_step = [momentum = o.momentum](auto& ctx, const Batch& batch, auto& s, fm::Workspace& w,
                                             const StepInfo& info) {
@@ -225,9 +243,10 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
     const auto start = std::chrono::steady_clock::now();
     // Shuffle the training set (the same permutation whatever the replica count).
     for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[shuffle_rng.below(i)]);
-    strategy.run([&](auto& ctx) {  // the gather (47 MB) is memory-bound: every replica copies a share
-      const std::size_t r = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
-      const std::size_t n = static_cast<std::size_t>(ctx.num_replicas_in_sync());
+    // The gather (47 MB) is memory-bound: every replica of this process copies a share.
+    strategy.run([&, local](auto& ctx) {
+      const std::size_t r = static_cast<std::size_t>(ctx.replica_id_in_sync_group() % local);
+      const std::size_t n = static_cast<std::size_t>(local);
       for (std::size_t i = train.rows * r / n, end = train.rows * (r + 1) / n; i < end; ++i) {
         std::copy_n(train.images.data() + order[i] * fm::pixels, fm::pixels, images.data() + i * fm::pixels);
         labels[i] = train.labels[order[i]];
@@ -252,9 +271,10 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
       loss_sum += static_cast<double>(loss) * g;
       correct_sum += static_cast<double>(accuracy) * g;
       seen += g;
-      progress.draw(epoch, o.epochs, seen, train.rows, loss_sum / seen);
+      if (chief) progress.draw(epoch, o.epochs, seen, train.rows, loss_sum / seen);
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!chief) continue;
     progress.clear();
     std::printf("epoch %d/%d  loss %.4f  train_accuracy %.4f  samples/s %.0f\n", epoch, o.epochs, loss_sum / seen,
                 correct_sum / seen, static_cast<double>(seen) / seconds);
@@ -291,19 +311,27 @@ int main(int argc, char** argv) {
     const fm::split test = fm::load_split(o.data, "t10k", 0, fm::gunzip);
     const std::string gemm = configure_gemm();
     std::printf("fashion_mnist: %zu training and %zu test images from %s; MLP 784-256-128-10, SGD momentum %.2g, "
-                "lr %g (cosine), global batch %zu on %d replica%s (devices::Threads), policy %s, seed %llu; %s\n",
+                "lr %g (cosine), global batch %zu on %d replica%s (%s), policy %s, seed %llu; %s\n",
                 train.rows, test.rows, o.data.c_str(), double(o.momentum), double(o.lr), o.batch_size, o.replicas,
-                o.replicas == 1 ? "" : "s", o.policy.c_str(), static_cast<unsigned long long>(o.seed), gemm.c_str());
+                o.replicas == 1 ? "" : "s",
+                o.device == "cluster" ? "per worker, devices::Cluster<Threads>" : "devices::Threads", o.policy.c_str(), static_cast<unsigned long long>(o.seed), gemm.c_str());
     std::fflush(stdout);
     double accuracy = 0;
-    if (o.policy == "reduction_to_one_device") {
-      accuracy = train_and_test<mirror::ops::ReductionToOneDevice>(o, train, test);
+    using mirror::devices::Threads;
+    const Threads threads{.replicas = o.replicas};
+    if (o.device == "cluster") {
+#if MIRROR_HAS_MPI
+      using Cluster = mirror::devices::Cluster<Threads>;
+      accuracy = train_and_test<Cluster, mirror::default_ops_t<Cluster>>(o, train, test, Cluster{.local = threads});
+#endif
+    } else if (o.policy == "reduction_to_one_device") {
+      accuracy = train_and_test<Threads, mirror::ops::ReductionToOneDevice>(o, train, test, threads);
     } else if (o.policy == "hierarchical_copy") {
-      accuracy = train_and_test<mirror::ops::HierarchicalCopy>(o, train, test);
+      accuracy = train_and_test<Threads, mirror::ops::HierarchicalCopy>(o, train, test, threads);
     } else {
-      accuracy = train_and_test<mirror::default_ops_t<mirror::devices::Threads>>(o, train, test);
+      accuracy = train_and_test<Threads, mirror::default_ops_t<Threads>>(o, train, test, threads);
     }
-    std::printf("test_accuracy=%.4f\n", accuracy);
+    if (chief) std::printf("test_accuracy=%.4f\n", accuracy);
     return 0;
   } catch (const fm::idx_error& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());

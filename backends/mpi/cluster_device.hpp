@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::devices::Cluster<Local>`: W MPI processes ("workers"), each with the replicas of a
+/// local device; one `Strategy` spans them all.
+
+#include <chrono>
+#include <memory>
+#include <type_traits>
+#include <backends/mpi/mpi_group.hpp>
+#include <backends/mpi/communicator.hpp>
+#include <mirror/concepts/device.hpp>
+#include <mirror/detail/worker_group.hpp>
+
+namespace mirror::devices {
+
+/// A device policy that wraps a local one across the processes of an MPI communicator (TF's
+/// `MultiWorkerMirroredStrategy`): W workers × R local replicas, `num_replicas_in_sync() ==
+/// W*R`, global replica id `w*R + r` (w = rank in `comm`). Every worker runs the same program.
+///
+/// **Example** (launch with `mpirun -np 2 ./train`):
+/// \code
+/// mirror::Strategy<mirror::devices::Cluster<mirror::devices::Threads>> s{{.local = {.replicas = 2}}};
+/// s.num_replicas_in_sync();  // 4 with two processes; s.is_chief() on rank 0
+/// \endcode
+///
+/// Building the strategy is collective over `comm`: it initialises MPI (`MPI_THREAD_MULTIPLE`)
+/// unless the program did (then at least `MPI_THREAD_SERIALIZED` is required), duplicates `comm`
+/// twice with `MPI_ERRORS_RETURN`, checks that R is equal on every worker
+/// (`std::invalid_argument` naming the workers otherwise) and starts one communication thread:
+/// every MPI call of mirror happens there. Pair it with `ops::Hierarchical` (the default ops).
+///
+/// **Local devices**: host devices (`devices::Threads`). `Cluster<Cuda>` (NCCL across workers)
+/// is not implemented in this release and is refused at compile time.
+template <class Local>
+struct Cluster {
+  /// The device of each worker's replicas (equal settings on every worker).
+  Local local{};
+  /// The processes to span (an `MPI_Comm`; default `MPI_COMM_WORLD`); the strategy works on its
+  /// own duplicates of it.
+  mpi::communicator comm{};
+  /// How long a cross-worker collective waits for the other workers before every waiting worker
+  /// throws `mirror::timeout_error` naming the replicas that did not arrive. Finite on purpose
+  /// (TF has none; PyTorch 10 min).
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  /// Compare counts, element types and ops across workers before each cross-worker collective
+  /// (one 2-integer all-reduce): a mismatch is a `shape_error` on every worker instead of
+  /// undefined behaviour inside MPI.
+  bool validate_shapes = true;
+
+  friend bool operator==(const Cluster&, const Cluster&) = default;
+
+  /// The local runtime (threads, barriers) plus the cross-worker group.
+  struct runtime : runtime_t<Local> {
+    static_assert(runtime_t<Local>::host_addressable,
+                  "mirror::devices::Cluster<Local>: only host devices (devices::Threads) can be spanned across "
+                  "workers in this release; Cluster<Cuda> (NCCL across workers, bootstrapped over MPI) is not "
+                  "implemented yet — use devices::Cluster<devices::Threads>, or one process with devices::Cuda");
+
+    explicit runtime(const Cluster& c)
+        : runtime_t<Local>(local_policy(c)),
+          group_(std::make_unique<mpi::group>(mpi::group_options{
+              c.comm, runtime_t<Local>::num_replicas(), c.timeout, c.validate_shapes})) {}
+
+    /// The cross-worker collectives (never null).
+    detail::worker_group* workers() const noexcept { return group_.get(); }
+
+   private:
+    // Local replicas wait in local barriers while their worker's replica 0 is in a cross-worker
+    // collective: their own timeout must outlast the cross-worker one, which names the culprit.
+    static Local local_policy(const Cluster& c) {
+      Local l = c.local;
+      if constexpr (requires { l.timeout; }) {
+        l.timeout += std::chrono::duration_cast<decltype(l.timeout)>(c.timeout + std::chrono::seconds(10));
+      }
+      return l;
+    }
+    std::unique_ptr<mpi::group> group_;
+  };
+};
+
+}  // namespace mirror::devices

@@ -1,0 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The MPI backend (multi-worker): `devices::Cluster<Local>`, `ops::Hierarchical`,
+/// `ops::MpiAllReduce`. Includes no MPI header (only libmirror_mpi does): link libmirror_mpi and
+/// MPI (`pkg-config --libs mirror` does, in MPI builds).
+
+#include <backends/mpi/cluster_device.hpp>
+#include <backends/mpi/communicator.hpp>
+#include <backends/mpi/hierarchical.hpp>
+#include <backends/mpi/mpi_all_reduce.hpp>
+#include <backends/mpi/mpi_group.hpp>
+#include <backends/threads/threads.hpp>

@@ -1,0 +1,687 @@
+// SPDX-License-Identifier: Apache-2.0
+// mirror::mpi::group: cross-worker collectives over MPI, driven by one communication thread
+// per process (multi_worker.md 5.2): callers hand it one job at a time and wait; it posts the
+// non-blocking MPI collective in program order, polls it with MPI_Test, and meanwhile serves
+// the control communicator (who-has-arrived queries, failure notices), so that a timeout can
+// name the workers that did not arrive and a failure on one worker reaches the others at once.
+
+// mirror uses MPI's C API only: skip Open MPI's and MPICH's deprecated C++ bindings (no
+// libmpi_cxx to link).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <backends/mpi/mpi_group.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+#include <mirror/error.hpp>
+
+namespace mirror::mpi {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// Control-communicator tags. Data collectives use the data communicator, so tags never mix.
+constexpr int tag_query = 1;   // "which collective have you entered?" payload: int64 asked sequence
+constexpr int tag_reply = 2;   // payload: int64 {entered sequence, asked sequence}
+constexpr int tag_notice = 3;  // payload: int64 {kind, replica, sequence} then text
+
+enum notice_kind : std::int64_t { notice_failure = 0, notice_timeout = 1 };
+
+std::string error_text(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "unknown MPI error";
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+[[noreturn]] void fail(int code, const std::string& call);
+
+// Builds the message only on failure: the polling loops call it for every MPI_Test.
+inline void check(int code, const char* call, const char* what = nullptr) {
+  if (code != MPI_SUCCESS) fail(code, what == nullptr ? std::string(call) : std::string(call) + " in " + what);
+}
+
+void fail(int code, const std::string& call) {
+  int cls = code;
+  MPI_Error_class(code, &cls);
+  throw backend_error("mirror::devices::Cluster: " + call + " failed with MPI error " + std::to_string(code) +
+                          " (class " + std::to_string(cls) + "): " + error_text(code),
+                      code);
+}
+
+MPI_Datatype datatype_of(detail::element_kind k) {
+  using C = detail::element_kind::category;
+  switch (k.cat) {
+    case C::floating: return k.bytes == 4 ? MPI_FLOAT : k.bytes == 8 ? MPI_DOUBLE : MPI_LONG_DOUBLE;
+    case C::signed_integer:
+      return k.bytes == 1 ? MPI_INT8_T : k.bytes == 2 ? MPI_INT16_T : k.bytes == 4 ? MPI_INT32_T : MPI_INT64_T;
+    case C::unsigned_integer:
+      return k.bytes == 1 ? MPI_UINT8_T : k.bytes == 2 ? MPI_UINT16_T : k.bytes == 4 ? MPI_UINT32_T : MPI_UINT64_T;
+  }
+  return MPI_BYTE;
+}
+
+std::string kind_name(detail::element_kind k) {
+  using C = detail::element_kind::category;
+  const char* base = k.cat == C::floating ? "float" : k.cat == C::signed_integer ? "int" : "uint";
+  return base + std::to_string(8 * k.bytes);
+}
+
+MPI_Op op_of(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::mean: return MPI_SUM;
+    case ReduceOp::prod: return MPI_PROD;
+    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::max: return MPI_MAX;
+  }
+  return MPI_SUM;
+}
+
+// A 62-bit mix of what must agree across workers, so that {key, -key} under MAX tells equal
+// from unequal in one 2-element all-reduce.
+std::int64_t agreement_key(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+  std::uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (std::uint64_t x : {a, b, c}) {
+    h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+  }
+  return static_cast<std::int64_t>(h & 0x3fffffffffffffffull);
+}
+
+std::once_flag finalize_registered;
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
+
+}  // namespace
+
+struct group::impl {
+  struct job {
+    enum kind_t { check, reduce, bcast } kind;
+    void* data;
+    std::size_t count;  // elements (reduce, check) or bytes (bcast)
+    detail::element_kind element;
+    ReduceOp op;
+    int root;
+    const char* what;
+    bool checked;
+    std::exception_ptr error;
+    bool done = false;
+  };
+  // Why the group cannot be used any more (guarded by mutex).
+  struct broken_state {
+    enum { none, remote_failure, local_failure, timeout, mpi_error } why = none;
+    int replica = -1;
+    std::string text;
+    std::vector<int> missing;
+  };
+
+  MPI_Comm data = MPI_COMM_NULL, control = MPI_COMM_NULL;
+  int W = 1, w = 0, R = 1;
+  std::chrono::milliseconds timeout;
+  bool validate = true;
+
+  // Caller <-> communication thread.
+  std::mutex caller_mutex;  // serialises callers (held for a whole job; never by the thread)
+  std::mutex mutex;
+  std::condition_variable wake_comm, wake_caller;
+  job* current = nullptr;  // the job being handed over or run
+  bool taken = false;      // the communication thread has taken `current`
+  bool stop = false;
+  bool shut_down = false;  // the thread has ended (destruction, or MPI_Finalize's callback)
+  int keyval = MPI_KEYVAL_INVALID;  // attribute on MPI_COMM_SELF whose deletion (MPI_Finalize) stops us
+  std::deque<std::pair<int, std::string>> outbox;  // failures of this worker's replicas to announce
+  broken_state broken;
+  std::vector<std::exception_ptr> symmetric;  // errors raised on every worker together: not forwarded
+  std::thread thread;
+
+  // Communication-thread state.
+  std::int64_t sequence = 0;  // collectives entered so far (the last one's number)
+  struct pending_send {
+    std::vector<char> bytes;
+    MPI_Request request;
+  };
+  std::list<pending_send> sends;
+  std::vector<MPI_Request> abandoned;  // collectives given up on (MPI cannot cancel them)
+  std::int64_t asked = -1;             // the sequence of our open query
+  std::vector<std::int64_t> replies;   // per worker: the sequence it had entered, -1 = no reply
+  std::vector<std::int64_t> known;     // per worker: the highest sequence it is known to have entered
+  std::optional<broken_state> remote;  // a notice received from another worker
+  std::atomic<bool> failed_here{false};  // a replica of this worker failed (report_failure)
+
+  // ---------------- the broken state (call with mutex held) ----------------
+  std::exception_ptr broken_error() const {
+    const std::string tail =
+        "; Open MPI cannot cancel a posted collective, so this strategy cannot continue: end the job and restart "
+        "it from the last checkpoint (mirror::restore)";
+    switch (broken.why) {
+      case broken_state::remote_failure:
+      case broken_state::local_failure:
+        return std::make_exception_ptr(replica_error(broken.replica, broken.text + tail));
+      case broken_state::timeout: return std::make_exception_ptr(timeout_error(broken.text + tail, broken.missing));
+      case broken_state::mpi_error:
+        return std::make_exception_ptr(backend_error("mirror::devices::Cluster: an earlier MPI error: " + broken.text + tail, -1));
+      case broken_state::none: break;
+    }
+    return nullptr;
+  }
+
+  // ---------------- caller side ----------------
+  void run(job& j) {
+    // One job at a time: the calling rule says one caller per worker, but a second thread must
+    // not overwrite the job slot if a program breaks it (its order across workers is its own).
+    std::lock_guard one_caller(caller_mutex);
+    std::unique_lock lock(mutex);
+    if (shut_down) {
+      throw backend_error("mirror::devices::Cluster: MPI was finalized while the strategy exists; destroy the "
+                          "strategy before MPI_Finalize (or let mirror finalize MPI at exit)", -1);
+    }
+    if (broken.why != broken_state::none) std::rethrow_exception(broken_error());
+    current = &j;
+    taken = false;
+    wake_comm.notify_one();
+    wake_caller.wait(lock, [&] { return j.done; });
+    current = nullptr;
+    if (j.error) std::rethrow_exception(j.error);
+  }
+
+  /// Ends the communication thread and frees the communicators; idempotent. Called by the
+  /// destructor, or by MPI_Finalize (through the MPI_COMM_SELF attribute) when the program
+  /// finalizes MPI first — so the thread never makes an MPI call after MPI_Finalize.
+  void shutdown() {
+    {
+      std::lock_guard lock(mutex);
+      if (shut_down) return;
+      stop = true;
+    }
+    wake_comm.notify_one();
+    if (thread.joinable()) thread.join();
+    std::lock_guard lock(mutex);
+    shut_down = true;
+    // A broken group has collectives that will never complete on its communicators: leave them
+    // (freeing them could wait forever); the job is ending anyway.
+    if (broken.why == broken_state::none && abandoned.empty()) {
+      MPI_Comm_free(&data);
+      MPI_Comm_free(&control);
+    }
+  }
+
+  static int on_finalize(MPI_Comm, int, void* attribute, void*) {
+    static_cast<impl*>(attribute)->shutdown();
+    return MPI_SUCCESS;
+  }
+
+  // ---------------- communication thread ----------------
+  void main_loop() {
+    for (;;) {
+      job* j = nullptr;
+      std::deque<std::pair<int, std::string>> out;
+      bool stopping = false;
+      {
+        std::unique_lock lock(mutex);
+        // Idle: still serve the control communicator every millisecond (a late worker must
+        // answer "which collective have you entered" while its replicas compute).
+        wake_comm.wait_for(lock, std::chrono::milliseconds(1),
+                           [&] { return stop || (current != nullptr && !taken) || !outbox.empty(); });
+        out.swap(outbox);
+        if (current != nullptr && !taken) {
+          taken = true;
+          j = current;
+        }
+        stopping = stop;
+      }
+      try {
+        for (auto& [replica, text] : out) announce(notice_failure, replica, sequence, text);
+        serve_control();
+        progress_sends();
+      } catch (...) {
+        mark_broken_mpi(std::current_exception());
+      }
+      if (j != nullptr) {
+        execute(*j);
+        std::lock_guard lock(mutex);
+        j->done = true;
+        wake_caller.notify_all();
+      }
+      if (stopping) {
+        flush_sends();
+        return;
+      }
+    }
+  }
+
+  void mark_broken_mpi(const std::exception_ptr& e) {
+    std::lock_guard lock(mutex);
+    if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, what_of(e), {}};
+  }
+
+  void execute(job& j) {
+    try {
+      {
+        std::lock_guard lock(mutex);
+        if (broken.why != broken_state::none) std::rethrow_exception(broken_error());
+      }
+      if (remote) adopt_remote(j);  // a notice arrived while we were idle
+      const bool check_first = j.kind == job::check || (validate && !(j.kind == job::reduce && j.checked));
+      if (check_first) agree(j);
+      if (j.kind == job::check) return;
+      ++sequence;
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (j.kind == job::reduce) {
+        check(MPI_Iallreduce(MPI_IN_PLACE, j.data, static_cast<int>(j.count), datatype_of(j.element), op_of(j.op), data,
+                             &request),
+              "MPI_Iallreduce", j.what);
+      } else {
+        check(MPI_Ibcast(j.data, static_cast<int>(j.count), MPI_BYTE, j.root, data, &request),
+              "MPI_Ibcast", j.what);
+      }
+      wait(request, j.what);
+    } catch (const backend_error&) {
+      j.error = std::current_exception();
+      std::lock_guard lock(mutex);
+      if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, what_of(j.error), {}};
+    } catch (...) {
+      j.error = std::current_exception();
+    }
+  }
+
+  /// The agreement check: {key, -key} under MAX; on a mismatch every worker gathers every
+  /// worker's description and throws the same shape_error.
+  void agree(job& j) {
+    const bool bcast = j.kind == job::bcast;
+    const std::uint64_t what_kind = bcast ? 1000 + static_cast<std::uint64_t>(j.root) : static_cast<std::uint64_t>(j.op);
+    const std::uint64_t element = bcast ? 0 : (static_cast<std::uint64_t>(j.element.cat) << 8 | j.element.bytes);
+    const std::int64_t key = agreement_key(j.count, element, what_kind);
+    std::int64_t both[2] = {key, -key};
+    ++sequence;
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_INT64_T, MPI_MAX, data, &request),
+          "MPI_Iallreduce (agreement check)", j.what);
+    wait(request, j.what);
+    if (both[0] == -both[1]) return;
+    std::int64_t mine[4] = {static_cast<std::int64_t>(j.count), static_cast<std::int64_t>(element),
+                            static_cast<std::int64_t>(what_kind), bcast ? 1 : 0};
+    std::vector<std::int64_t> all(4 * static_cast<std::size_t>(W));
+    ++sequence;
+    check(MPI_Iallgather(mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, data, &request),
+          "MPI_Iallgather (agreement check)", j.what);
+    wait(request, j.what);
+    std::string text = std::string("mirror: ") + j.what + ": the workers disagree on a cross-worker collective:";
+    for (int p = 0; p < W; ++p) {
+      const std::int64_t* d = &all[4 * static_cast<std::size_t>(p)];
+      text += (p == 0 ? " " : "; ") + std::string("worker ") + std::to_string(p) + " (replicas " +
+              std::to_string(p * R) + ".." + std::to_string(p * R + R - 1) + ") ";
+      if (d[3] != 0) {
+        text += "broadcasts " + std::to_string(d[0]) + " bytes from worker " + std::to_string(d[2] - 1000);
+      } else {
+        const detail::element_kind k{static_cast<detail::element_kind::category>(d[1] >> 8),
+                                     static_cast<std::uint8_t>(d[1] & 0xff)};
+        text += "reduces " + std::to_string(d[0]) + " " + kind_name(k) + " elements with " +
+                std::string(mirror::to_string(static_cast<ReduceOp>(d[2])));
+      }
+    }
+    text += "; every replica of every worker must make the same collective calls with leaves of the same sizes";
+    auto e = std::make_exception_ptr(shape_error(text));
+    {
+      std::lock_guard lock(mutex);
+      symmetric.push_back(e);
+      if (symmetric.size() > 16) symmetric.erase(symmetric.begin());
+    }
+    std::rethrow_exception(e);
+  }
+
+  /// Polls `request` to completion, serving the control communicator meanwhile; gives up with
+  /// replica_error on a failure notice, with timeout_error after the timeout.
+  void wait(MPI_Request& request, const char* what) {
+    const auto start = clock::now();
+    const auto deadline = start + timeout;
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
+      if (done) return;
+      serve_control();
+      progress_sends();
+      if (remote) {
+        abandoned.push_back(request);
+        if (remote->why == broken_state::timeout) time_out(start, what);
+        throw_remote();
+      }
+      if (failed_here.load(std::memory_order_acquire)) {
+        // A replica of this worker failed: the others were told; stop waiting for them.
+        abandoned.push_back(request);
+        std::lock_guard lock(mutex);
+        std::rethrow_exception(broken_error());
+      }
+      if (clock::now() >= deadline) {
+        abandoned.push_back(request);
+        time_out(start, what);
+      }
+      // Poll (yielding) for 200 us — a collective of a few bytes completes in microseconds, and
+      // a sleep costs ~60 us of timer slack — then back off: on oversubscribed cores a polling
+      // thread steals the time slice of the one it waits for.
+      const auto waited = clock::now() - start;
+      if (waited < std::chrono::microseconds(200)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(waited < std::chrono::milliseconds(10) ? 20 : 200));
+      }
+    }
+  }
+
+  // A notice arrived before this collective started: fail it the same way.
+  void adopt_remote(job&) {
+    if (remote->why == broken_state::timeout) {
+      // Another worker gave up waiting for this one: it is the late worker.
+      std::lock_guard lock(mutex);
+      broken = *remote;
+      broken.missing.clear();
+      for (int r = 0; r < R; ++r) broken.missing.push_back(w * R + r);
+      std::rethrow_exception(broken_error());
+    }
+    throw_remote();
+  }
+
+  [[noreturn]] void throw_remote() {
+    std::lock_guard lock(mutex);
+    broken = *remote;
+    broken.why = broken_state::remote_failure;
+    throw replica_error(remote->replica, remote->text);
+  }
+
+  /// Asks every peer which collective it has entered; names those behind; marks the group
+  /// broken and tells the peers (so a late worker fails at its next collective, not after
+  /// its own timeout).
+  [[noreturn]] void time_out(clock::time_point start, const char* what) {
+    const std::int64_t seq = sequence;
+    asked = seq;
+    replies.assign(static_cast<std::size_t>(W), -1);
+    replies[static_cast<std::size_t>(w)] = seq;
+    // A worker that already told us it entered this collective (its own query or its notice
+    // that it gave up) has arrived, even if it has shut down since and cannot answer.
+    for (int p = 0; p < W; ++p) {
+      if (known[static_cast<std::size_t>(p)] >= seq) replies[static_cast<std::size_t>(p)] = known[static_cast<std::size_t>(p)];
+    }
+    for (int p = 0; p < W; ++p) {
+      if (p != w) send(p, tag_query, &seq, sizeof seq, nullptr);
+    }
+    const auto reply_deadline = clock::now() + std::min<clock::duration>(timeout, std::chrono::seconds(5));
+    while (clock::now() < reply_deadline &&
+           std::count(replies.begin(), replies.end(), std::int64_t{-1}) > 0) {
+      serve_control();
+      progress_sends();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    asked = -1;
+    std::vector<int> missing;
+    std::string late, unreachable;
+    for (int p = 0; p < W; ++p) {
+      const std::int64_t got = replies[static_cast<std::size_t>(p)];
+      if (got >= seq) continue;
+      (got < 0 ? unreachable : late) += (got < 0 ? (unreachable.empty() ? "" : ", ") : (late.empty() ? "" : ", ")) +
+                                        std::to_string(p);
+      for (int r = 0; r < R; ++r) missing.push_back(p * R + r);
+    }
+    std::string names;
+    for (int m : missing) names += (names.empty() ? "" : ", ") + std::to_string(m);
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
+    std::string text = "mirror: worker " + std::to_string(w) + " waited " + std::to_string(waited) +
+                       " ms in cross-worker collective #" + std::to_string(seq) + " (" + what + ")";
+    if (remote && remote->why == broken_state::timeout) text += " until worker " + std::to_string(remote->replica / R) + " gave up";
+    text += "; replicas {" + names + "} did not arrive";
+    if (!late.empty()) text += " (late workers: " + late + ")";
+    if (!unreachable.empty()) text += " (no answer from workers " + unreachable + ": dead or unreachable)";
+    if (missing.empty()) text += " (every worker says it arrived: the network is slow or partitioned)";
+    text += "; raise devices::Cluster{.timeout} if they are just slow";
+    announce(notice_timeout, w * R, seq, text);
+    std::lock_guard lock(mutex);
+    broken = {broken_state::timeout, -1, text, missing};
+    throw timeout_error(text, missing);
+  }
+
+  void announce(std::int64_t kind, int replica, std::int64_t seq, const std::string& text) {
+    std::vector<char> bytes(3 * sizeof(std::int64_t) + text.size());
+    const std::int64_t head[3] = {kind, replica, seq};
+    std::memcpy(bytes.data(), head, sizeof head);
+    std::memcpy(bytes.data() + sizeof head, text.data(), text.size());
+    for (int p = 0; p < W; ++p) {
+      if (p != w) send(p, tag_notice, bytes.data(), bytes.size(), nullptr);
+    }
+  }
+
+  void send(int dest, int tag, const void* bytes, std::size_t n, MPI_Request*) {
+    pending_send& s = sends.emplace_back();
+    s.bytes.assign(static_cast<const char*>(bytes), static_cast<const char*>(bytes) + n);
+    check(MPI_Isend(s.bytes.data(), static_cast<int>(n), MPI_BYTE, dest, tag, control, &s.request), "MPI_Isend (control)");
+  }
+
+  void progress_sends() {
+    for (auto it = sends.begin(); it != sends.end();) {
+      int done = 0;
+      check(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE), "MPI_Test (control send)");
+      it = done ? sends.erase(it) : std::next(it);
+    }
+  }
+
+  // Gives queued notices a moment to leave before the thread ends (a peer that is told fails
+  // at once instead of after its timeout); never blocks on an unreachable peer.
+  void flush_sends() {
+    const auto until = clock::now() + std::chrono::seconds(1);
+    try {
+      while (!sends.empty() && clock::now() < until) {
+        serve_control();
+        progress_sends();
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    } catch (...) {
+    }
+  }
+
+  void serve_control() {
+    for (;;) {
+      int flag = 0;
+      MPI_Status status;
+      check(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, control, &flag, &status), "MPI_Iprobe (control)");
+      if (!flag) return;
+      int n = 0;
+      MPI_Get_count(&status, MPI_BYTE, &n);
+      std::vector<char> bytes(static_cast<std::size_t>(std::max(n, 0)));
+      check(MPI_Recv(bytes.data(), n, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, control, MPI_STATUS_IGNORE),
+            "MPI_Recv (control)");
+      const int from = status.MPI_SOURCE;
+      std::int64_t head[3] = {0, 0, 0};
+      std::memcpy(head, bytes.data(), std::min(bytes.size(), sizeof head));
+      std::int64_t& seen = known[static_cast<std::size_t>(from)];
+      if (status.MPI_TAG == tag_query) {
+        seen = std::max(seen, head[0]);  // it asks about a collective it has entered
+        const std::int64_t reply[2] = {sequence, head[0]};
+        send(from, tag_reply, reply, sizeof reply, nullptr);
+      } else if (status.MPI_TAG == tag_reply) {
+        seen = std::max(seen, head[0]);
+        if (head[1] == asked && asked >= 0) replies[static_cast<std::size_t>(from)] = head[0];
+      } else if (status.MPI_TAG == tag_notice && head[0] == notice_timeout) {
+        seen = std::max(seen, head[2]);  // it gave up waiting in that collective
+      }
+      if (status.MPI_TAG == tag_notice && !remote) {
+        broken_state s;
+        s.why = head[0] == notice_timeout ? broken_state::timeout : broken_state::remote_failure;
+        s.replica = static_cast<int>(head[1]);
+        const std::string text(bytes.begin() + static_cast<std::ptrdiff_t>(std::min(bytes.size(), sizeof head)),
+                               bytes.end());
+        s.text = head[0] == notice_timeout
+                     ? "mirror: worker " + std::to_string(from) + " gave up waiting for this worker: " + text
+                     : "worker " + std::to_string(from) + ": " + text;
+        remote = s;
+      }
+    }
+  }
+};
+
+group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
+  impl& m = *impl_;
+  if (o.timeout.count() <= 0) {
+    throw std::invalid_argument("mirror::devices::Cluster{.timeout = " + std::to_string(o.timeout.count()) +
+                                " ms}: the cross-worker timeout must be positive");
+  }
+  m.timeout = o.timeout;
+  m.validate = o.validate_shapes;
+  m.R = o.local_replicas;
+  int initialised = 0, finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    throw std::invalid_argument("mirror::devices::Cluster: MPI was already finalized; build the strategy before "
+                                "MPI_Finalize");
+  }
+  MPI_Initialized(&initialised);
+  if (!initialised) {
+    int provided = 0;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    std::call_once(finalize_registered, [] { std::atexit(finalize_at_exit); });
+  }
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    throw std::invalid_argument(
+        "mirror::devices::Cluster: MPI was initialised with thread level " + std::to_string(provided) +
+        ", below MPI_THREAD_SERIALIZED; mirror makes its MPI calls on its own communication thread (never two at "
+        "once), which needs at least MPI_THREAD_SERIALIZED. Initialise MPI with MPI_Init_thread(..., "
+        "MPI_THREAD_MULTIPLE, ...) (needed anyway if your code calls MPI while a strategy exists), or let mirror "
+        "initialise it");
+  }
+  static_assert(sizeof(MPI_Comm) <= sizeof(std::uint64_t));
+  const MPI_Comm comm = o.comm.is_world() ? MPI_COMM_WORLD : o.comm.get<MPI_Comm>();
+  check(MPI_Comm_dup(comm, &m.data), "MPI_Comm_dup (data)");
+  check(MPI_Comm_dup(comm, &m.control), "MPI_Comm_dup (control)");
+  MPI_Comm_set_errhandler(m.data, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(m.control, MPI_ERRORS_RETURN);
+  MPI_Comm_size(m.data, &m.W);
+  MPI_Comm_rank(m.data, &m.w);
+  m.known.assign(static_cast<std::size_t>(m.W), -1);
+
+  // Equal R everywhere (TF leaves it undefined): {R, -R} under MAX, then the names.
+  // Non-blocking with the timeout: a worker that never builds its strategy must not hang the
+  // others here either.
+  int both[2] = {m.R, -m.R};
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_INT, MPI_MAX, m.data, &request), "MPI_Iallreduce (replica count check)");
+  const auto deadline = clock::now() + m.timeout;
+  for (int done = 0;;) {
+    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (replica count check)");
+    if (done) break;
+    if (clock::now() >= deadline) {
+      throw timeout_error("mirror::devices::Cluster: not every worker of the communicator built its strategy within " +
+                              std::to_string(m.timeout.count()) + " ms (worker " + std::to_string(m.w) + " of " +
+                              std::to_string(m.W) + " waited); every worker must construct it, in the same order",
+                          {});
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (both[0] != -both[1]) {
+    std::vector<int> all(static_cast<std::size_t>(m.W));
+    check(MPI_Allgather(&m.R, 1, MPI_INT, all.data(), 1, MPI_INT, m.data), "MPI_Allgather (replica count check)");
+    std::string text;
+    for (int p = 0; p < m.W; ++p) {
+      text += (p == 0 ? "" : ", ") + std::string("worker ") + std::to_string(p) + " has " +
+              std::to_string(all[static_cast<std::size_t>(p)]);
+    }
+    MPI_Comm_free(&m.data);
+    MPI_Comm_free(&m.control);
+    throw std::invalid_argument("mirror::devices::Cluster: the workers have different numbers of local replicas (" +
+                                text + "); every worker must use the same local device settings (TF: \"every "
+                                "worker to have the same number of replicas\")");
+  }
+  // MPI_Finalize deletes MPI_COMM_SELF's attributes first: that stops the thread in time.
+  check(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &impl::on_finalize, &m.keyval, nullptr), "MPI_Comm_create_keyval");
+  check(MPI_Comm_set_attr(MPI_COMM_SELF, m.keyval, &m), "MPI_Comm_set_attr");
+  m.thread = std::thread([&m] { m.main_loop(); });
+}
+
+group::~group() {
+  impl& m = *impl_;
+  m.shutdown();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    MPI_Comm_delete_attr(MPI_COMM_SELF, m.keyval);  // its callback finds the group already shut down
+    MPI_Comm_free_keyval(&m.keyval);
+  }
+}
+
+int group::num_workers() const noexcept { return impl_->W; }
+int group::worker_index() const noexcept { return impl_->w; }
+int group::local_replicas() const noexcept { return impl_->R; }
+
+void group::check_all_reduce(std::size_t count, detail::element_kind kind, ReduceOp op, const char* what) {
+  if (!impl_->validate) return;  // Cluster{.validate_shapes = false}: trust the program
+  impl::job j{impl::job::check, nullptr, count, kind, op, 0, what, false, nullptr};
+  impl_->run(j);
+}
+
+void group::all_reduce(void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
+                       bool checked) {
+  if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(count) +
+                                " elements in one cross-worker all-reduce exceed MPI's int count; split the leaf");
+  }
+  impl::job j{impl::job::reduce, data, count, kind, op, 0, what, checked, nullptr};
+  impl_->run(j);
+}
+
+void group::broadcast(void* data, std::size_t bytes, int root, const char* what) {
+  if (bytes > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(bytes) +
+                                " bytes in one cross-worker broadcast exceed MPI's int count; split the leaf");
+  }
+  impl::job j{impl::job::bcast, data, bytes, {}, ReduceOp::sum, root, what, false, nullptr};
+  impl_->run(j);
+}
+
+void group::report_failure(int global_replica, const std::exception_ptr& failure) noexcept {
+  impl& m = *impl_;
+  try {
+    std::lock_guard lock(m.mutex);
+    if (m.broken.why != impl::broken_state::none) return;  // already known to be over (and told)
+    for (const auto& e : m.symmetric) {
+      if (e == failure) return;  // every worker raised it together; the group is still usable
+    }
+    std::string text = what_of(failure);
+    m.broken = {impl::broken_state::local_failure, global_replica, text, {}};
+    m.outbox.emplace_back(global_replica, std::move(text));
+    m.failed_here.store(true, std::memory_order_release);
+  } catch (...) {
+    return;  // out of memory while describing: the peers will time out instead
+  }
+  m.wake_comm.notify_one();
+}
+
+}  // namespace mirror::mpi

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::mpi::group`: the cross-worker collectives of `devices::Cluster`, over MPI. Compiled
+/// into libmirror_mpi (mpi_group.cpp), the only file that includes <mpi.h>; every MPI call of a
+/// worker happens on the group's one communication thread.
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <backends/mpi/communicator.hpp>
+#include <mirror/detail/worker_group.hpp>
+
+namespace mirror::mpi {
+
+/// What a group is built from (the fields of `devices::Cluster`).
+struct group_options {
+  communicator comm;                  ///< duplicated twice (data, control); the original is not used
+  int local_replicas;                 ///< R on this worker (must be equal on every worker)
+  std::chrono::milliseconds timeout;  ///< how long a collective waits for the other workers
+  bool validate_shapes;               ///< compare sizes/types/ops across workers before each collective
+};
+
+/// W MPI processes that run the same program. Construction is collective over `comm`:
+/// initialises MPI (with `MPI_THREAD_MULTIPLE`) if nobody has, duplicates `comm` twice with
+/// `MPI_ERRORS_RETURN`, checks that R is equal on every worker, and starts the communication
+/// thread.
+///
+/// **Errors**: `std::invalid_argument` for unequal R (naming the workers and their counts), a
+/// non-positive timeout, or MPI initialised below `MPI_THREAD_SERIALIZED`; `backend_error` for an
+/// MPI failure. Collectives: see `detail::worker_group`. After a timeout, a remote failure or an
+/// MPI error the group is unusable (Open MPI 4.1 cannot cancel a posted collective): every later
+/// collective throws at once, and the job should be restarted from its last checkpoint.
+class group final : public detail::worker_group {
+ public:
+  explicit group(const group_options& options);
+  ~group() override;
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
+
+  int num_workers() const noexcept override;
+  int worker_index() const noexcept override;
+  int local_replicas() const noexcept override;
+  void check_all_reduce(std::size_t count, detail::element_kind kind, ReduceOp op, const char* what) override;
+  void all_reduce(void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
+                  bool checked) override;
+  void broadcast(void* data, std::size_t bytes, int root, const char* what) override;
+  void report_failure(int global_replica, const std::exception_ptr& failure) noexcept override;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace mirror::mpi

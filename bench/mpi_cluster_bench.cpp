@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+// Cross-worker all-reduce (devices::Cluster<Threads>, ops::Hierarchical over MPI) against raw
+// MPI_Allreduce(MPI_IN_PLACE, sum) of the same bytes on the same processes (issue 6's
+// target: <= 5 % overhead at >= 64 KiB). Launch under mpirun, one process per worker:
+//   mpirun -np 2 --bind-to none build/bench/mpi_cluster_bench [--replicas R] [--repetitions N]
+//          [--min-time SECONDS] [--no-validate] BYTES...
+// Rank 0 prints Google Benchmark-shaped JSON (impl:cluster / impl:mpi, real_time in ns per
+// call), repetitions of the two alternating, so bench/report.py can read it.
+#include <mirror/mirror.hpp>
+
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Cluster = mirror::devices::Cluster<mirror::devices::Threads>;
+using clock_type = std::chrono::steady_clock;
+
+// Seconds for `iters` calls of `body`, as rank 0 measured it (every rank gets rank 0's figure,
+// so all ranks agree on the next iteration count).
+template <class Body>
+double timed(long iters, Body&& body) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = clock_type::now();
+  body(iters);
+  double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
+  MPI_Bcast(&dt, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  return dt;
+}
+
+template <class Body>
+long calibrate(double min_time, Body&& body) {
+  long iters = 1;
+  for (;;) {
+    const double dt = timed(iters, body);
+    if (dt >= min_time / 4 || iters > (1L << 24)) {
+      return std::max(1L, static_cast<long>(static_cast<double>(iters) * min_time / std::max(dt, 1e-9)));
+    }
+    iters *= 8;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int replicas = 1, repetitions = 5;
+  double min_time = 0.2;
+  bool validate = true;
+  std::vector<std::size_t> sizes;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--replicas") && i + 1 < argc) {
+      replicas = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--repetitions") && i + 1 < argc) {
+      repetitions = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--min-time") && i + 1 < argc) {
+      min_time = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--no-validate")) {
+      validate = false;
+    } else {
+      sizes.push_back(std::strtoull(argv[i], nullptr, 10));
+    }
+  }
+  if (sizes.empty()) sizes = {4, 64 << 10, 64 << 20};
+  {
+    Cluster device;
+    device.local.replicas = replicas;
+    device.validate_shapes = validate;
+    mirror::Strategy<Cluster> s(device);
+    if (rank == 0) {
+      std::printf("{\n  \"context\": {\"verb\": \"cluster_all_reduce\", \"device\": \"Cluster<Threads>, %d workers x %d "
+                  "replicas\", \"validate_shapes\": %s, \"git\": \"%s\"},\n  \"benchmarks\": [\n",
+                  size, replicas, validate ? "true" : "false", MIRROR_GIT_DESCRIBE);
+    }
+    bool first = true;
+    for (const std::size_t bytes : sizes) {
+      const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
+      std::vector<std::vector<float>> bufs(static_cast<std::size_t>(replicas), std::vector<float>(n, 1.f));
+      std::vector<float> raw(n, 1.f);
+      // The collective inside one run, `iters` times: run's dispatch is not what is measured.
+      auto cluster = [&](long iters) {
+        s.run([&](auto& ctx) {
+          std::span<float> mine(bufs[static_cast<std::size_t>(ctx.replica_id_in_sync_group() % replicas)]);
+          for (long k = 0; k < iters; ++k) ctx.all_reduce(mirror::ReduceOp::sum, mine);
+        });
+      };
+      auto mpi = [&](long iters) {
+        for (long k = 0; k < iters; ++k) {
+          MPI_Allreduce(MPI_IN_PLACE, raw.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        }
+      };
+      const long iters_cluster = calibrate(min_time, cluster);
+      const long iters_mpi = calibrate(min_time, mpi);
+      for (int rep = 0; rep < repetitions; ++rep) {
+        for (const bool is_mpi : {false, true}) {
+          const long iters = is_mpi ? iters_mpi : iters_cluster;
+          const double ns = (is_mpi ? timed(iters, mpi) : timed(iters, cluster)) * 1e9 / static_cast<double>(iters);
+          if (rank == 0) {
+            std::printf("%s    {\"name\": \"cluster_all_reduce/impl:%s/type:float/workers:%d/replicas:%d/bytes:%zu\", "
+                        "\"run_type\": \"iteration\", \"repetition_index\": %d, \"iterations\": %ld, "
+                        "\"real_time\": %.3f, \"time_unit\": \"ns\", \"workers\": %d, \"replicas\": %d, \"bytes\": %zu}",
+                        first ? "" : ",\n", is_mpi ? "mpi" : "cluster", size, replicas, n * sizeof(float), rep, iters,
+                        ns, size, replicas, n * sizeof(float));
+            first = false;
+          }
+        }
+      }
+    }
+    if (rank == 0) std::printf("\n  ]\n}\n");
+  }
+  MPI_Finalize();
+  return 0;
+}

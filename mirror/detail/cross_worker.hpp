@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Nest-level cross-worker collectives on top of worker_group (reduce a nest's leaves, broadcast
+// a nest whose resizable leaves take the root's sizes), and the compile-time test for a runtime
+// that spans processes. Only multi-worker strategies instantiate these.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/type_name.hpp>
+#include <mirror/detail/worker_group.hpp>
+#include <mirror/error.hpp>
+#include <mirror/leaf_traits.hpp>
+
+namespace mirror::detail {
+
+/// True for a device runtime whose replicas span several processes (devices::Cluster).
+template <class Rt>
+concept spans_workers = requires(Rt& rt) {
+  { rt.workers() } -> std::same_as<worker_group*>;
+};
+
+/// The op the cross-worker step applies: `mean` sums, and the caller divides once by W*R
+/// (staged integer division would be wrong: [0,1 | 1,2] has mean 1, staged 0).
+constexpr ReduceOp cross_op(ReduceOp op) noexcept { return op == ReduceOp::mean ? ReduceOp::sum : op; }
+
+/// Reduces every leaf of `nest` across workers with cross_op(op); for mean, then divides by
+/// `count` (the number of global replicas that contributed).
+template <class T>
+void all_reduce_nest(worker_group& g, T& nest, ReduceOp op, std::size_t count, const char* what) {
+  for_each_leaf(
+      [&](auto& l) {
+        using L = std::remove_cvref_t<decltype(l)>;
+        using E = leaf_element_t<L>;
+        const auto e = leaf_traits<L>::elements(l);
+        g.all_reduce(e.data(), e.size(), element_kind_of<E>(), cross_op(op), what);
+        if (op == ReduceOp::mean) divide_all(e.data(), e.size(), count);
+      },
+      nest);
+}
+
+/// Gives every worker worker `root`'s `nest`: resizable leaves (std::vector) take the root's
+/// sizes; a fixed-size leaf whose size differs is a shape_error on every worker.
+template <class T>
+void broadcast_nest(worker_group& g, T& nest, int root, const char* what) {
+  constexpr std::size_t K = leaf_count<T>();
+  std::array<std::uint64_t, K + 1> sizes{};
+  std::size_t k = 0;
+  for_each_leaf([&](auto& l) { sizes[k++] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size(); },
+                nest);
+  const std::array<std::uint64_t, K + 1> mine = sizes;
+  g.broadcast(sizes.data(), sizeof(std::uint64_t) * K, root, what);
+  // Resize, and find a fixed-size leaf that cannot take the root's size; every worker learns
+  // whether any worker found one, so all throw together (or none does).
+  std::int64_t bad = -1;
+  k = 0;
+  for_each_leaf(
+      [&](auto& l) {
+        using L = std::remove_cvref_t<decltype(l)>;
+        if (mine[k] != sizes[k]) {
+          if constexpr (leaf_traits<L>::resizable) {
+            leaf_traits<L>::resize(l, static_cast<std::size_t>(sizes[k]));
+          } else if (bad < 0) {
+            bad = static_cast<std::int64_t>(k);
+          }
+        }
+        ++k;
+      },
+      nest);
+  std::int64_t any_bad = bad;
+  g.all_reduce(&any_bad, 1, element_kind_of<std::int64_t>(), ReduceOp::max, what);
+  if (any_bad >= 0) {
+    const auto leaf = static_cast<std::size_t>(any_bad);
+    throw shape_error(std::string(what) + ": leaf " + std::to_string(leaf) + " has " +
+                      std::to_string(sizes[leaf]) + " elements on worker " + std::to_string(root) +
+                      " (the source) but a fixed size that differs on some worker (here " +
+                      std::to_string(mine[leaf]) + "); every worker must pass leaves of the same size");
+  }
+  for_each_leaf(
+      [&](auto& l) {
+        using L = std::remove_cvref_t<decltype(l)>;
+        const auto e = leaf_traits<L>::elements(l);
+        g.broadcast(e.data(), e.size_bytes(), root, what);
+      },
+      nest);
+}
+
+/// Throws on every worker unless `value` is equal on all of them (one small MAX all-reduce of
+/// {v, -v}); `describe` builds the message from the local value and the maximum seen.
+template <class Describe>
+void require_equal_across_workers(worker_group& g, std::int64_t value, const char* what, Describe&& describe) {
+  std::int64_t both[2] = {value, -value};
+  g.all_reduce(both, 2, element_kind_of<std::int64_t>(), ReduceOp::max, what);
+  if (both[0] != -both[1]) describe(both[0], -both[1]);
+}
+
+}  // namespace mirror::detail

@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The seam between the core and a multi-process backend (backends/mpi): the few cross-worker
+// collectives the core itself needs outside an ops policy (Strategy::reduce, variables, input,
+// broadcast). Abstract so that the core stays free of MPI headers; a device runtime that spans
+// processes exposes one through `worker_group* workers()`. Single-process runtimes have none,
+// and every core path that uses it is compiled out for them.
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <type_traits>
+#include <mirror/reduce_op.hpp>
+
+namespace mirror::detail {
+
+/// An element type as the cross-worker layer sees it: its kind and size are enough to pick the
+/// MPI datatype.
+struct element_kind {
+  enum class category : std::uint8_t { floating, signed_integer, unsigned_integer } cat;
+  std::uint8_t bytes;
+  friend bool operator==(const element_kind&, const element_kind&) = default;
+};
+
+template <class E>
+constexpr element_kind element_kind_of() noexcept {
+  static_assert(std::is_arithmetic_v<E>);
+  using C = element_kind::category;
+  if constexpr (std::is_floating_point_v<E>) {
+    return {C::floating, static_cast<std::uint8_t>(sizeof(E))};
+  } else if constexpr (std::is_signed_v<E>) {
+    return {C::signed_integer, static_cast<std::uint8_t>(sizeof(E))};
+  } else {
+    return {C::unsigned_integer, static_cast<std::uint8_t>(sizeof(E))};
+  }
+}
+
+/// W cooperating processes ("workers"), each running the same program with R local replicas.
+///
+/// **Calling rule.** Every collective below must be called by every worker, in the same order,
+/// from one thread of that worker at a time (the run's replica 0, or the user's thread outside
+/// `run`). A disagreement that the group can detect (sizes, element types, ops) is a
+/// `shape_error` on every worker; a worker that does not arrive within the timeout is a
+/// `timeout_error` on every waiting worker naming its replicas; a failure reported by another
+/// worker (`report_failure`) ends every pending and later collective with `replica_error`.
+class worker_group {
+ public:
+  virtual ~worker_group() = default;
+
+  virtual int num_workers() const noexcept = 0;
+  virtual int worker_index() const noexcept = 0;
+  /// Local replicas per worker (equal on every worker, checked at construction).
+  virtual int local_replicas() const noexcept = 0;
+
+  /// Only the agreement check of an all_reduce of `count` elements: a `shape_error` on every
+  /// worker when some worker passes another count, element type or op. Lets a caller fail
+  /// before it changes any value (then it passes `checked = true` to the all_reduce).
+  virtual void check_all_reduce(std::size_t count, element_kind kind, ReduceOp op, const char* what) = 0;
+
+  /// In-place element-wise reduction of `count` elements across workers. `op` is sum, min, max
+  /// or prod (`mean` is summed here and divided by the caller, once, by W*R). `what` names the
+  /// API for error messages. Checks agreement first unless `checked`.
+  virtual void all_reduce(void* data, std::size_t count, element_kind kind, ReduceOp op, const char* what,
+                          bool checked = false) = 0;
+
+  /// `bytes` bytes from worker `root` to every worker (same `bytes` everywhere).
+  virtual void broadcast(void* data, std::size_t bytes, int root, const char* what) = 0;
+
+  /// Called once per failed replica function on this worker (`failure` is what it threw): tells
+  /// every other worker at once, so their pending collectives end with `replica_error` instead
+  /// of waiting for the timeout. Errors that every worker raised together (a cross-worker
+  /// shape check) are recognised and not forwarded.
+  virtual void report_failure(int global_replica, const std::exception_ptr& failure) noexcept = 0;
+};
+
+}  // namespace mirror::detail

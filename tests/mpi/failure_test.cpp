@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+// devices::Cluster failure semantics under mpirun (multi_worker.md 5.6): every failure ends in
+// the named error on every worker within its bound, never a hang. Each case builds its own
+// strategy: after a timeout or a remote failure a strategy cannot continue (Open MPI 4.1
+// cannot cancel a posted collective), and the case checks that too.
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+#include <mirror/mirror.hpp>
+
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>  // the tests compare with plain MPI calls
+
+namespace {
+
+using Cluster = mirror::devices::Cluster<mirror::devices::Threads>;
+using Strategy = mirror::Strategy<Cluster>;
+using mirror::ReduceOp;
+using clock_type = std::chrono::steady_clock;
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+Cluster cluster(int replicas, std::chrono::milliseconds timeout) {
+  Cluster c;
+  c.local.replicas = replicas;
+  c.timeout = timeout;
+  return c;
+}
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+}  // namespace
+
+TEST_CASE("failure: unequal local replica counts are an invalid_argument on every worker, naming them", "[mpi]") {
+  const int w = world_rank();
+  try {
+    Strategy s(cluster(w == 0 ? 1 : 2, std::chrono::seconds(30)));
+    FAIL("no error");
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("worker 0 has 1"));
+    CHECK_THAT(what, Catch::Contains("worker 1 has 2"));
+  }
+}
+
+TEST_CASE("failure: an exception in fn on one worker reaches the others' pending collectives at once", "[mpi]") {
+  const int W = world_size(), w = world_rank();
+  const int R = 2;
+  Strategy s(cluster(R, std::chrono::seconds(60)));
+  const int thrower = (W - 1) * R + 1;  // the last worker's second replica
+  const auto start = clock_type::now();
+  try {
+    s.run([&](auto& ctx) {
+      if (ctx.replica_id_in_sync_group() == thrower) throw std::runtime_error("boom on the last worker");
+      ctx.all_reduce(ReduceOp::sum, std::vector<float>(100, 1.f));
+    });
+    FAIL("no error");
+  } catch (const mirror::replica_error& e) {
+    CHECK(e.replica() == thrower);
+    CHECK_THAT(std::string(e.what()), Catch::Contains("boom on the last worker"));
+  }
+  CHECK(seconds_since(start) < 10.0);  // not the 60 s timeout
+  // The cluster cannot go on (no cancellation in MPI 4.1): later collectives fail at once.
+  const auto again = clock_type::now();
+  CHECK_THROWS_AS(s.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, 1); }), mirror::error);
+  CHECK(seconds_since(again) < 10.0);
+  (void)w;
+}
+
+TEST_CASE("failure: a late worker is named by every waiting worker after the timeout", "[mpi]") {
+  const int W = world_size(), w = world_rank();
+  const auto timeout = std::chrono::milliseconds(1000);
+  Strategy s(cluster(1, timeout));
+  const auto warm = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); });
+  REQUIRE(warm.primary() == W);
+  const int late = W - 1;
+  const auto start = clock_type::now();
+  try {
+    s.run([&](auto& ctx) {
+      if (w == late) std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+      ctx.all_reduce(ReduceOp::sum, 1);
+    });
+    FAIL("no timeout_error");
+  } catch (const mirror::timeout_error& e) {
+    const double t = seconds_since(start);
+    CAPTURE(e.what(), t);
+    CHECK(e.missing() == std::vector<int>{late});  // R = 1: global replica = worker
+    if (w != late) {
+      CHECK(t >= 0.9);
+      CHECK(t < 3.4);  // before the late worker even arrives
+      CHECK_THAT(std::string(e.what()), Catch::Contains("replicas {" + std::to_string(late) + "} did not arrive"));
+    } else {
+      CHECK_THAT(std::string(e.what()), Catch::Contains("gave up waiting for this worker"));
+    }
+  }
+}
+
+TEST_CASE("failure: an MPI error code is a backend_error with MPI's code and text", "[mpi]") {
+  // Errors on no valid communicator go to MPI_COMM_WORLD's handler: return them instead of
+  // aborting the job, as mirror does on its own communicators.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  Cluster c = cluster(1, std::chrono::seconds(30));
+  c.comm = MPI_COMM_NULL;
+  try {
+    Strategy s(c);
+    FAIL("no backend_error");
+  } catch (const mirror::backend_error& e) {
+    const std::string what = e.what();
+    CHECK(e.code() != 0);
+    CHECK_THAT(what, Catch::Contains("MPI_Comm_dup"));
+    CHECK_THAT(what, Catch::Contains("MPI_ERR_COMM"));  // MPI_Error_string's text
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+}
