@@ -1,18 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// The Catch2 main of the multi-worker tests: every rank runs every test case (they are
-// collective), rank 0 reports on stdout, the other ranks on stderr, and the job fails when any
-// rank failed. MPI is initialised with MPI_THREAD_MULTIPLE here, as a program that also calls
-// MPI itself must (mirror's communication thread runs beside it).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
+// The multi-worker tests' setup around the common Catch2 main (tests/support/catch_main.cpp):
+// every rank runs every test case (they are collective), rank 0 reports on stdout, the other
+// ranks on stderr, and the job fails when any rank failed. MPI is initialised with
+// MPI_THREAD_MULTIPLE here, as a program that also calls MPI itself must (mirror's
+// communication thread runs beside it).
 #include <string>
 #include <vector>
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
-int main(int argc, char** argv) {
+extern "C" int mirror_test_main(int argc, char** argv, int (*run_session)(int, const char* const*)) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
@@ -24,8 +22,7 @@ int main(int argc, char** argv) {
   }
   std::vector<const char*> cargs;
   for (const auto& a : args) cargs.push_back(a.c_str());
-  Catch::Session session;
-  int failed = session.run(static_cast<int>(cargs.size()), cargs.data());
+  int failed = run_session(static_cast<int>(cargs.size()), cargs.data());
   int worst = 0;
   MPI_Allreduce(&failed, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();

@@ -20,9 +20,18 @@ static const int keep_freed_memory = [] {
 }();
 #endif
 
-// A suite that needs hardware defines this (tests/gpu/skip_without_gpu.cpp): it returns a reason
-// to skip, or nullptr to run. Weak, so that the other executables need not define it.
+// Hooks for suites with special needs, weak so that other executables need not define them.
+// A suite that needs hardware (tests/gpu/skip_without_gpu.cpp) returns a reason to skip, or
+// nullptr to run.
 extern "C" const char* mirror_test_skip_reason() __attribute__((weak));
+// A suite whose processes need setup around the session (tests/mpi/mpi_main.cpp: MPI_Init, one
+// report per job) calls run_session with the arguments to use and returns main's exit status.
+extern "C" int mirror_test_main(int argc, char** argv, int (*run_session)(int, const char* const*))
+    __attribute__((weak));
+
+namespace {
+int run_session(int argc, const char* const* argv) { return Catch::Session().run(argc, argv); }
+}  // namespace
 
 int main(int argc, char* argv[]) {
   if (mirror_test_skip_reason != nullptr) {
@@ -31,5 +40,6 @@ int main(int argc, char* argv[]) {
       return 77;  // meson test reports SKIP
     }
   }
-  return Catch::Session().run(argc, argv);
+  if (mirror_test_main != nullptr) return mirror_test_main(argc, argv, run_session);
+  return run_session(argc, argv);
 }
