@@ -21,6 +21,7 @@
 #include <mirror/concepts/device.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/exchanged.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/error.hpp>
 #include <mirror/reduce_op.hpp>
 
@@ -36,8 +37,9 @@ class runtime {
 
   runtime(int replicas, std::chrono::milliseconds timeout) : n_(replicas), timeout_(timeout) {
     if (replicas < 1) {
-      throw std::invalid_argument("mirror::devices::Threads{.replicas = " + std::to_string(replicas) +
-                                  "}: replicas must be >= 1 (it may exceed the number of cores)");
+      throw std::invalid_argument(detail::format(
+          "mirror::devices::Threads{.replicas = %d}: replicas must be >= 1 (it may exceed the number of cores)",
+          replicas));
     }
     if (timeout.count() <= 0) {
       throw std::invalid_argument("mirror::devices::Threads{.timeout}: the collective timeout must be positive");
@@ -242,16 +244,22 @@ class runtime {
         missing.push_back(r);
       }
     }
+    throw_timeout(self, woke, std::move(missing));
+  }
+
+  // The message of arrive()'s timeout_error, out of line: arrive() is on every collective's path.
+  [[noreturn]] void throw_timeout(int self, bool woke, std::vector<int> missing) const {
     std::string names;
-    for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+    for (int r : missing) names += detail::format(names.empty() ? "%d" : ", %d", r);
+    const per_replica& me = replica_[static_cast<std::size_t>(self)];
     throw timeout_error(
-        woke ? "mirror: replica " + std::to_string(self) + " waits in collective call " + std::to_string(me.calls) +
-                   " that replicas {" + names +
-                   "} returned from fn without reaching; every replica must make the same collective calls"
-             : "mirror: replica " + std::to_string(self) + " waited " + std::to_string(timeout_.count()) +
-                   " ms in a collective that replicas {" + names +
-                   "} did not reach; raise devices::Threads{.timeout} if they are just slow",
-        missing);
+        woke ? detail::format("mirror: replica %d waits in collective call %zu that replicas {%s} returned from fn "
+                              "without reaching; every replica must make the same collective calls",
+                              self, me.calls, names.c_str())
+             : detail::format("mirror: replica %d waited %lld ms in a collective that replicas {%s} did not reach; "
+                              "raise devices::Threads{.timeout} if they are just slow",
+                              self, static_cast<long long>(timeout_.count()), names.c_str()),
+        std::move(missing));
   }
 
   inline static thread_local const runtime* current = nullptr;

@@ -11,6 +11,7 @@
 #include <vector>
 #include <mirror/axis.hpp>
 #include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/segments.hpp>
 #include <mirror/detail/type_name.hpp>
@@ -43,10 +44,9 @@ template <class T>
 void check_component_shapes(std::span<const T> components, const char* api) {
   for (std::size_t r = 1; r < components.size(); ++r) {
     if (const auto m = first_shape_mismatch(components[0], components[r])) {
-      throw shape_error(std::string("mirror::Strategy::") + api + ": shape mismatch at leaf " +
-                        std::to_string(m->leaf) + " (" + m->leaf_type + "): " + std::to_string(m->second) +
-                        " elements on replica " + std::to_string(r) + " but " + std::to_string(m->first) +
-                        " on replica 0; every replica's value must have the same shape");
+      throw shape_error(format("mirror::Strategy::%s: shape mismatch at leaf %zu (%s): %zu elements on replica %zu "
+                               "but %zu on replica 0; every replica's value must have the same shape",
+                               api, m->leaf, m->leaf_type.c_str(), m->second, r, m->first));
     }
   }
 }
