@@ -5,7 +5,7 @@
 // than cores still make progress and an idle pool burns no CPU.
 
 #include <atomic>
-#include <chrono>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>

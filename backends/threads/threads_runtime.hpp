@@ -4,12 +4,10 @@
 // 1..R-1 are workers created once), a barrier that names the replicas that did not arrive, and
 // fixed-stride exchange slots. Models mirror::device_runtime (mirror/concepts/device.hpp).
 
-#include <algorithm>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstring>
-#include <memory>
 #include <new>
 #include <span>
 #include <stdexcept>

@@ -2,7 +2,7 @@
 #pragma once
 // Cross-replica reduction of host values (Strategy::reduce): PerReplica<T> components → T.
 
-#include <algorithm>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <optional>
 #include <span>
