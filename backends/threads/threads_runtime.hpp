@@ -56,8 +56,8 @@ class runtime {
     }
     replica_ = std::make_unique<per_replica[]>(static_cast<std::size_t>(n_));
     slots_ = std::make_unique<slot[]>(2 * static_cast<std::size_t>(n_));
-    workers_.reserve(static_cast<std::size_t>(n_ - 1));
-    for (int r = 1; r < n_; ++r) workers_.emplace_back([this, r] { work(r); });
+    workers_ = std::make_unique<std::thread[]>(static_cast<std::size_t>(n_ - 1));
+    for (int r = 1; r < n_; ++r) workers_[static_cast<std::size_t>(r - 1)] = std::thread([this, r] { work(r); });
   }
 
   runtime(const runtime&) = delete;
@@ -67,7 +67,7 @@ class runtime {
     stop_.store(true, std::memory_order_release);
     job_seq_.fetch_add(1, std::memory_order_acq_rel);
     job_lot_.wake();
-    for (auto& w : workers_) w.join();
+    for (int r = 1; r < n_; ++r) workers_[static_cast<std::size_t>(r - 1)].join();
   }
 
   int num_replicas() const noexcept { return n_; }
@@ -80,15 +80,7 @@ class runtime {
   template <class F>
   void parallel(F&& f) {
     static_assert(std::is_nothrow_invocable_v<F&, int>, "runtime::parallel(f): f(int) must be noexcept");
-    reset_collectives();
-    job_ = &invoke<std::remove_reference_t<F>>;
-    job_arg_ = static_cast<void*>(std::addressof(f));
-    epoch_ = job_seq_.load(std::memory_order_relaxed) + 1;
-    pending_.store(n_ - 1, std::memory_order_relaxed);
-    job_seq_.store(epoch_, std::memory_order_release);
-    job_lot_.wake();
-    run_one(0);
-    done_lot_.wait([&] { return pending_.load(std::memory_order_acquire) == 0; });
+    run_job(&invoke<std::remove_reference_t<F>>, static_cast<void*>(std::addressof(f)));
   }
 
   /// Makes every waiting and later exchange/barrier of the current parallel call throw
@@ -165,6 +157,20 @@ class runtime {
   template <class F>
   static void invoke(void* f, int r) noexcept {
     (*static_cast<F*>(f))(r);
+  }
+
+  // The part of parallel() that does not depend on f (the spin-then-park wait for the workers
+  // above all): one copy, instead of one per replica function.
+  void run_job(void (*job)(void*, int) noexcept, void* arg) {
+    reset_collectives();
+    job_ = job;
+    job_arg_ = arg;
+    epoch_ = job_seq_.load(std::memory_order_relaxed) + 1;
+    pending_.store(n_ - 1, std::memory_order_relaxed);
+    job_seq_.store(epoch_, std::memory_order_release);
+    job_lot_.wake();
+    run_one(0);
+    done_lot_.wait([&] { return pending_.load(std::memory_order_acquire) == 0; });
   }
 
   void run_one(int r) noexcept {
@@ -270,7 +276,7 @@ class runtime {
   parking_lot job_lot_, done_lot_, barrier_lot_;
   std::unique_ptr<per_replica[]> replica_;
   std::unique_ptr<slot[]> slots_;
-  std::vector<std::thread> workers_;
+  std::unique_ptr<std::thread[]> workers_;  // replicas 1..n-1 (an array: no vector growth code per TU)
 
   // What a new job publishes, on one line: a worker reads it all after one miss.
   alignas(64) std::atomic<std::uint64_t> job_seq_{0};

@@ -130,13 +130,7 @@ class collective {
     header_ = nullptr;
     static_assert(offsetof(with_header, h) == 0);
     const auto headers = all.template member<collective_header>(0);
-    if (!agree(headers)) {
-      // Every replica sees the same headers, so all of them are here; none may unwind (and free
-      // the sizes the others read) before all have built the message.
-      std::string message = describe_disagreement(headers);
-      rt_->barrier(self_);
-      throw shape_error(std::move(message));
-    }
+    if (!agree(headers)) disagree(headers);
     return all.template member<P>(offsetof(with_header, p));
   }
 
@@ -150,6 +144,15 @@ class collective {
   }
 
  private:
+  // Out of exchange<P>: one copy per runtime, not one per payload type.
+  [[noreturn]] void disagree(const exchanged<collective_header>& headers) {
+    // Every replica sees the same headers, so all of them are here; none may unwind (and free
+    // the sizes the others read) before all have built the message.
+    std::string message = describe_disagreement(headers);
+    rt_->barrier(self_);
+    throw shape_error(std::move(message));
+  }
+
   Rt* rt_;
   int self_;
   const collective_header* header_;
