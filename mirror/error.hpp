@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include <mirror/detail/format.hpp>
 
 namespace mirror {
 
@@ -37,7 +38,7 @@ class aggregation_error : public error {
 class replica_error : public error, public std::nested_exception {
  public:
   replica_error(int replica, const std::string& what)
-      : error("mirror: replica " + std::to_string(replica) + " threw: " + what), replica_(replica) {}
+      : error(detail::format("mirror: replica %d threw: ", replica).append(what)), replica_(replica) {}
   /// The replica id (`replica_id_in_sync_group`) whose `fn` threw.
   int replica() const noexcept { return replica_; }
 

@@ -19,6 +19,7 @@
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
 #include <mirror/detail/collective.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/per_replica.hpp>
@@ -93,9 +94,9 @@ class ReplicaContext {
                   "mirror::ReplicaContext::broadcast: the value holds device-resident leaves (GPU memory) but this "
                   "strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");
     if (from < 0 || from >= num_replicas_in_sync()) {
-      throw std::invalid_argument("mirror::ReplicaContext::broadcast(value, from = " + std::to_string(from) +
-                                  ") on replica " + std::to_string(replica_id_in_sync_group()) +
-                                  ": from must be a replica id in 0.." + std::to_string(num_replicas_in_sync() - 1));
+      throw std::invalid_argument(detail::format("mirror::ReplicaContext::broadcast(value, from = %d) on replica %d: "
+                                                 "from must be a replica id in 0..%d",
+                                                 from, self_, num_replicas_in_sync() - 1));
     }
     N result(std::forward<T>(value));
     if constexpr (Strategy::multi_worker) {

@@ -24,6 +24,7 @@
 #include <mirror/detail/collective.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/host_reduce.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/run_result.hpp>
@@ -392,8 +393,8 @@ class Strategy {
   template <std::ranges::input_range R>
   auto distribute_dataset(R&& global_batches, InputOptions options = {}) {
     if (options.prefetch < 0) {
-      throw std::invalid_argument("mirror::InputOptions{.prefetch = " + std::to_string(options.prefetch) +
-                                  "}: prefetch must be >= 0");
+      throw std::invalid_argument(
+          detail::format("mirror::InputOptions{.prefetch = %d}: prefetch must be >= 0", options.prefetch));
     }
     using V = std::views::all_t<R>;
     detail::worker_group* g = nullptr;
@@ -472,12 +473,11 @@ class Strategy {
     using D = std::remove_cvref_t<A>;
     if constexpr (detail::is_per_replica<D>::value || detail::is_mirrored<D>::value || detail::is_variable<D>::value) {
       if (a.size() != static_cast<std::size_t>(num_local_replicas())) {
-        throw shape_error("mirror::Strategy::run: argument " + std::to_string(index) + " has " +
-                          std::to_string(a.size()) + " components but the strategy has " +
-                          std::to_string(num_local_replicas()) +
-                          (multi_worker ? " replicas in this worker" : " replicas") +
-                          "; build it with one component per replica (a variable: make it with "
-                          "this strategy)");
+        throw shape_error(detail::format("mirror::Strategy::run: argument %zu has %zu components but the strategy "
+                                         "has %d replicas%s; build it with one component per replica (a variable: "
+                                         "make it with this strategy)",
+                                         index, static_cast<std::size_t>(a.size()), num_local_replicas(),
+                                         multi_worker ? " in this worker" : ""));
       }
     }
   }

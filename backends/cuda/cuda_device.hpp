@@ -3,7 +3,7 @@
 /// \file
 /// `mirror::devices::Cuda`: replicas on CUDA GPUs, one stream each, several per GPU if asked.
 
-#include <chrono>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <vector>
 #include <backends/cuda/cuda_runtime.hpp>
 #include <mirror/concepts/device.hpp>

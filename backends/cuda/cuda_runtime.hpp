@@ -16,9 +16,8 @@
 // carrying the cudaError_t and its text.
 
 #include <atomic>
-#include <chrono>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
-#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>

@@ -3,7 +3,7 @@
 // The NCCL calls behind ops::NcclAllReduce, declared for host code (defined in nccl_comms.cpp,
 // libmirror_nccl, compiled against nccl.h). No NCCL header here, so g++ users need none.
 
-#include <chrono>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <span>
 #include <backends/cuda/element_type.hpp>

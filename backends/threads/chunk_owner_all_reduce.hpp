@@ -3,7 +3,7 @@
 /// \file
 /// `mirror::ops::ChunkOwnerAllReduce`: the default all-reduce of `devices::Threads`.
 
-#include <algorithm>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <cstring>
 #include <backends/threads/threads_device.hpp>
@@ -55,7 +55,7 @@ struct ChunkOwnerAllReduce {
     line mine{};
     std::size_t at = 0;
     for (std::size_t k = 0; k < s.leaves.size(); ++k) {
-      std::copy_n(s.leaves[k], s.sizes[k], mine.values + at);
+      std::copy(s.leaves[k], s.leaves[k] + s.sizes[k], mine.values + at);
       at += s.sizes[k];
     }
     const auto all = c.exchange(mine);
@@ -66,7 +66,7 @@ struct ChunkOwnerAllReduce {
     if (op == ReduceOp::mean) detail::divide_all(acc.values, s.total, n);
     at = 0;
     for (std::size_t k = 0; k < s.leaves.size(); ++k) {
-      std::copy_n(acc.values + at, s.sizes[k], s.leaves[k]);
+      std::copy(acc.values + at, acc.values + at + s.sizes[k], s.leaves[k]);
       at += s.sizes[k];
     }
   }

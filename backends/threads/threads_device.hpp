@@ -3,8 +3,7 @@
 /// \file
 /// `mirror::devices::Threads`: replicas are threads of one process, sharing host memory.
 
-#include <algorithm>
-#include <chrono>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <thread>
 #include <backends/threads/threads_runtime.hpp>
 #include <mirror/concepts/device.hpp>

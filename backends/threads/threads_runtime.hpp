@@ -4,12 +4,10 @@
 // 1..R-1 are workers created once), a barrier that names the replicas that did not arrive, and
 // fixed-stride exchange slots. Models mirror::device_runtime (mirror/concepts/device.hpp).
 
-#include <algorithm>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstring>
-#include <memory>
 #include <new>
 #include <span>
 #include <stdexcept>
@@ -21,6 +19,7 @@
 #include <mirror/concepts/device.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/exchanged.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/error.hpp>
 #include <mirror/reduce_op.hpp>
 
@@ -36,8 +35,9 @@ class runtime {
 
   runtime(int replicas, std::chrono::milliseconds timeout) : n_(replicas), timeout_(timeout) {
     if (replicas < 1) {
-      throw std::invalid_argument("mirror::devices::Threads{.replicas = " + std::to_string(replicas) +
-                                  "}: replicas must be >= 1 (it may exceed the number of cores)");
+      throw std::invalid_argument(detail::format(
+          "mirror::devices::Threads{.replicas = %d}: replicas must be >= 1 (it may exceed the number of cores)",
+          replicas));
     }
     if (timeout.count() <= 0) {
       throw std::invalid_argument("mirror::devices::Threads{.timeout}: the collective timeout must be positive");
@@ -56,8 +56,8 @@ class runtime {
     }
     replica_ = std::make_unique<per_replica[]>(static_cast<std::size_t>(n_));
     slots_ = std::make_unique<slot[]>(2 * static_cast<std::size_t>(n_));
-    workers_.reserve(static_cast<std::size_t>(n_ - 1));
-    for (int r = 1; r < n_; ++r) workers_.emplace_back([this, r] { work(r); });
+    workers_ = std::make_unique<std::thread[]>(static_cast<std::size_t>(n_ - 1));
+    for (int r = 1; r < n_; ++r) workers_[static_cast<std::size_t>(r - 1)] = std::thread([this, r] { work(r); });
   }
 
   runtime(const runtime&) = delete;
@@ -67,7 +67,7 @@ class runtime {
     stop_.store(true, std::memory_order_release);
     job_seq_.fetch_add(1, std::memory_order_acq_rel);
     job_lot_.wake();
-    for (auto& w : workers_) w.join();
+    for (int r = 1; r < n_; ++r) workers_[static_cast<std::size_t>(r - 1)].join();
   }
 
   int num_replicas() const noexcept { return n_; }
@@ -80,15 +80,7 @@ class runtime {
   template <class F>
   void parallel(F&& f) {
     static_assert(std::is_nothrow_invocable_v<F&, int>, "runtime::parallel(f): f(int) must be noexcept");
-    reset_collectives();
-    job_ = &invoke<std::remove_reference_t<F>>;
-    job_arg_ = static_cast<void*>(std::addressof(f));
-    epoch_ = job_seq_.load(std::memory_order_relaxed) + 1;
-    pending_.store(n_ - 1, std::memory_order_relaxed);
-    job_seq_.store(epoch_, std::memory_order_release);
-    job_lot_.wake();
-    run_one(0);
-    done_lot_.wait([&] { return pending_.load(std::memory_order_acquire) == 0; });
+    run_job(&invoke<std::remove_reference_t<F>>, static_cast<void*>(std::addressof(f)));
   }
 
   /// Makes every waiting and later exchange/barrier of the current parallel call throw
@@ -167,6 +159,20 @@ class runtime {
     (*static_cast<F*>(f))(r);
   }
 
+  // The part of parallel() that does not depend on f (the spin-then-park wait for the workers
+  // above all): one copy, instead of one per replica function.
+  void run_job(void (*job)(void*, int) noexcept, void* arg) {
+    reset_collectives();
+    job_ = job;
+    job_arg_ = arg;
+    epoch_ = job_seq_.load(std::memory_order_relaxed) + 1;
+    pending_.store(n_ - 1, std::memory_order_relaxed);
+    job_seq_.store(epoch_, std::memory_order_release);
+    job_lot_.wake();
+    run_one(0);
+    done_lot_.wait([&] { return pending_.load(std::memory_order_acquire) == 0; });
+  }
+
   void run_one(int r) noexcept {
     per_replica& me = replica_[static_cast<std::size_t>(r)];
     me.calls = 0;  // only this replica reads its count, so it resets it (no line crosses cores)
@@ -242,16 +248,22 @@ class runtime {
         missing.push_back(r);
       }
     }
+    throw_timeout(self, woke, std::move(missing));
+  }
+
+  // The message of arrive()'s timeout_error, out of line: arrive() is on every collective's path.
+  [[noreturn]] void throw_timeout(int self, bool woke, std::vector<int> missing) const {
     std::string names;
-    for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+    for (int r : missing) names += detail::format(names.empty() ? "%d" : ", %d", r);
+    const per_replica& me = replica_[static_cast<std::size_t>(self)];
     throw timeout_error(
-        woke ? "mirror: replica " + std::to_string(self) + " waits in collective call " + std::to_string(me.calls) +
-                   " that replicas {" + names +
-                   "} returned from fn without reaching; every replica must make the same collective calls"
-             : "mirror: replica " + std::to_string(self) + " waited " + std::to_string(timeout_.count()) +
-                   " ms in a collective that replicas {" + names +
-                   "} did not reach; raise devices::Threads{.timeout} if they are just slow",
-        missing);
+        woke ? detail::format("mirror: replica %d waits in collective call %zu that replicas {%s} returned from fn "
+                              "without reaching; every replica must make the same collective calls",
+                              self, me.calls, names.c_str())
+             : detail::format("mirror: replica %d waited %lld ms in a collective that replicas {%s} did not reach; "
+                              "raise devices::Threads{.timeout} if they are just slow",
+                              self, static_cast<long long>(timeout_.count()), names.c_str()),
+        std::move(missing));
   }
 
   inline static thread_local const runtime* current = nullptr;
@@ -264,7 +276,7 @@ class runtime {
   parking_lot job_lot_, done_lot_, barrier_lot_;
   std::unique_ptr<per_replica[]> replica_;
   std::unique_ptr<slot[]> slots_;
-  std::vector<std::thread> workers_;
+  std::unique_ptr<std::thread[]> workers_;  // replicas 1..n-1 (an array: no vector growth code per TU)
 
   // What a new job publishes, on one line: a worker reads it all after one miss.
   alignas(64) std::atomic<std::uint64_t> job_seq_{0};

@@ -10,9 +10,11 @@
 #include <mirror/error.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/detail/exchanged.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace mirror::detail {
 
@@ -20,9 +22,11 @@ enum class collective_kind : std::uint32_t { all_reduce, broadcast, merge_call }
 
 inline std::string to_string(collective_kind k, int param) {
   switch (k) {
-    case collective_kind::all_reduce:
-      return "all_reduce(" + std::string(mirror::to_string(static_cast<ReduceOp>(param))) + ")";
-    case collective_kind::broadcast: return "broadcast(from = " + std::to_string(param) + ")";
+    case collective_kind::all_reduce: {
+      const std::string_view op = mirror::to_string(static_cast<ReduceOp>(param));
+      return format("all_reduce(%.*s)", static_cast<int>(op.size()), op.data());
+    }
+    case collective_kind::broadcast: return format("broadcast(from = %d)", param);
     case collective_kind::merge_call: return "merge_call";
   }
   return "?";
@@ -74,30 +78,32 @@ inline bool agree(const exchanged<collective_header>& hs) noexcept {
 /// The message for a disagreement. Reads other replicas' frames: call it only while they wait.
 inline std::string describe_disagreement(const exchanged<collective_header>& hs) {
   const collective_header& h0 = hs[0];
-  const std::string where = "mirror: collective #" + std::to_string(h0.sequence) + " (" +
-                            to_string(h0.kind, h0.param) + ")";
+  const auto seq = [](const collective_header& h) { return static_cast<unsigned long long>(h.sequence); };
   for (std::size_t r = 1; r < hs.size(); ++r) {
     const collective_header& h = hs[r];
     if (!same_call(h, h0)) {
-      return "mirror: replicas disagree on collective #" + std::to_string(h0.sequence) + ": replica 0 called " +
-             to_string(h0.kind, h0.param) + " but replica " + std::to_string(r) + " called " +
-             to_string(h.kind, h.param) + " (its collective #" + std::to_string(h.sequence) +
-             "); every replica must make the same collective calls in the same order";
+      return format("mirror: replicas disagree on collective #%llu: replica 0 called %s but replica %zu called %s "
+                    "(its collective #%llu); every replica must make the same collective calls in the same order",
+                    seq(h0), to_string(h0.kind, h0.param).c_str(), r, to_string(h.kind, h.param).c_str(), seq(h));
     }
     if (*h.nest != *h0.nest) {
-      return where + ": mismatched nests: replica " + std::to_string(r) + " passed " + demangle(h.nest->name()) +
-             " but replica 0 passed " + demangle(h0.nest->name()) + "; every replica must pass the same nest type";
+      return format("mirror: collective #%llu (%s): mismatched nests: replica %zu passed %s but replica 0 passed %s; "
+                    "every replica must pass the same nest type",
+                    seq(h0), to_string(h0.kind, h0.param).c_str(), r, demangle(h.nest->name()).c_str(),
+                    demangle(h0.nest->name()).c_str());
     }
     for (std::size_t k = 0; k < h0.num_leaves; ++k) {
       const std::size_t a = h0.sizes[k], b = h.sizes[k];
       if (a != b && a != any_size && b != any_size) {
-        return where + ": shape mismatch at leaf " + std::to_string(k) + " (" + demangle(h0.leaf_types[k]) +
-               "): " + std::to_string(b) + " elements on replica " + std::to_string(r) + " but " +
-               std::to_string(a) + " on replica 0; every replica must pass leaves of the same size";
+        return format("mirror: collective #%llu (%s): shape mismatch at leaf %zu (%s): %zu elements on replica %zu "
+                      "but %zu on replica 0; every replica must pass leaves of the same size",
+                      seq(h0), to_string(h0.kind, h0.param).c_str(), k, demangle(h0.leaf_types[k]).c_str(), b, r,
+                      a);
       }
     }
   }
-  return where + ": replicas disagree on the shapes of the leaves";
+  return format("mirror: collective #%llu (%s): replicas disagree on the shapes of the leaves", seq(h0),
+                to_string(h0.kind, h0.param).c_str());
 }
 
 /// The handle a cross-device ops policy receives for one collective call.
@@ -124,13 +130,7 @@ class collective {
     header_ = nullptr;
     static_assert(offsetof(with_header, h) == 0);
     const auto headers = all.template member<collective_header>(0);
-    if (!agree(headers)) {
-      // Every replica sees the same headers, so all of them are here; none may unwind (and free
-      // the sizes the others read) before all have built the message.
-      std::string message = describe_disagreement(headers);
-      rt_->barrier(self_);
-      throw shape_error(std::move(message));
-    }
+    if (!agree(headers)) disagree(headers);
     return all.template member<P>(offsetof(with_header, p));
   }
 
@@ -144,6 +144,15 @@ class collective {
   }
 
  private:
+  // Out of exchange<P>: one copy per runtime, not one per payload type.
+  [[noreturn]] void disagree(const exchanged<collective_header>& headers) {
+    // Every replica sees the same headers, so all of them are here; none may unwind (and free
+    // the sizes the others read) before all have built the message.
+    std::string message = describe_disagreement(headers);
+    rt_->barrier(self_);
+    throw shape_error(std::move(message));
+  }
+
   Rt* rt_;
   int self_;
   const collective_header* header_;

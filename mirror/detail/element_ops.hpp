@@ -3,7 +3,7 @@
 // Element-wise reduction arithmetic on host memory, shared by every CPU code path so that all
 // of them combine values with exactly the same operations (bitwise-identical results).
 
-#include <algorithm>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <limits>
 #include <mirror/reduce_op.hpp>

@@ -2,15 +2,17 @@
 #pragma once
 // Cross-replica reduction of host values (Strategy::reduce): PerReplica<T> components → T.
 
-#include <algorithm>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <typeinfo>
 #include <vector>
 #include <mirror/axis.hpp>
 #include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/segments.hpp>
 #include <mirror/detail/type_name.hpp>
@@ -21,7 +23,7 @@ namespace mirror::detail {
 /// Where two nests of one type first differ in a leaf's size.
 struct shape_mismatch {
   std::size_t leaf, first, second;
-  std::string leaf_type;
+  const char* leaf_type;  // mangled (typeid(L).name()): demangled only for the message
 };
 template <class T>
 std::optional<shape_mismatch> first_shape_mismatch(const T& a, const T& b) {
@@ -31,7 +33,7 @@ std::optional<shape_mismatch> first_shape_mismatch(const T& a, const T& b) {
       [&](const auto& x, const auto& y) {
         using L = std::remove_cvref_t<decltype(x)>;
         const std::size_t nx = leaf_traits<L>::elements(x).size(), ny = leaf_traits<L>::elements(y).size();
-        if (nx != ny && !found) found = shape_mismatch{k, nx, ny, type_name<L>()};
+        if (nx != ny && !found) found = shape_mismatch{k, nx, ny, typeid(L).name()};
         ++k;
       },
       a, b);
@@ -43,20 +45,22 @@ template <class T>
 void check_component_shapes(std::span<const T> components, const char* api) {
   for (std::size_t r = 1; r < components.size(); ++r) {
     if (const auto m = first_shape_mismatch(components[0], components[r])) {
-      throw shape_error(std::string("mirror::Strategy::") + api + ": shape mismatch at leaf " +
-                        std::to_string(m->leaf) + " (" + m->leaf_type + "): " + std::to_string(m->second) +
-                        " elements on replica " + std::to_string(r) + " but " + std::to_string(m->first) +
-                        " on replica 0; every replica's value must have the same shape");
+      throw shape_error(format("mirror::Strategy::%s: shape mismatch at leaf %zu (%s): %zu elements on replica %zu "
+                               "but %zu on replica 0; every replica's value must have the same shape",
+                               api, m->leaf, demangle(m->leaf_type).c_str(), m->second, r, m->first));
     }
   }
 }
 
 /// out[i] = c_0[i] op c_1[i] op ... op c_{R-1}[i] (then / R for mean), for i in [begin, end).
+/// `in` holds the n components' `const E*` data pointers (as `const void*`: one vector type for
+/// every element type).
 template <class E>
-void reduce_range(ReduceOp op, E* out, const std::vector<const E*>& in, std::size_t begin, std::size_t end) {
-  std::copy(in[0] + begin, in[0] + end, out + begin);
-  for (std::size_t r = 1; r < in.size(); ++r) combine_into(op, out + begin, in[r] + begin, end - begin);
-  if (op == ReduceOp::mean) divide_all(out + begin, end - begin, in.size());
+void reduce_range(ReduceOp op, E* out, const void* const* in, std::size_t n, std::size_t begin, std::size_t end) {
+  const auto component = [&](std::size_t r) { return static_cast<const E*>(in[r]) + begin; };
+  std::copy(component(0), component(0) + (end - begin), out + begin);
+  for (std::size_t r = 1; r < n; ++r) combine_into(op, out + begin, component(r), end - begin);
+  if (op == ReduceOp::mean) divide_all(out + begin, end - begin, n);
 }
 
 /// out = the element-wise reduction of the components (out starts as a copy of component 0).
@@ -66,13 +70,12 @@ template <class T, class Parallel>
 void reduce_components(ReduceOp op, std::span<const T> components, T& out, Parallel&& parallel, const char* api) {
   check_component_shapes(components, api);
   const std::size_t n = components.size();
-  std::vector<std::vector<const void*>> inputs;  // per leaf position, per replica
+  std::vector<const void*> inputs(leaf_count<T>() * n);  // [k * n + r]: leaf position k of replica r
   for (std::size_t r = 0; r < n; ++r) {
     std::size_t k = 0;
     for_each_leaf(
         [&](const auto& l) {
-          if (r == 0) inputs.emplace_back(n);
-          inputs[k++][r] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).data();
+          inputs[k++ * n + r] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).data();
         },
         components[r]);
   }
@@ -83,12 +86,11 @@ void reduce_components(ReduceOp op, std::span<const T> components, T& out, Paral
         using E = leaf_element_t<L>;
         require_host_element<E>();
         const std::span<E> dst = leaf_traits<L>::elements(o);
-        std::vector<const E*> in(n);
-        for (std::size_t r = 0; r < n; ++r) in[r] = static_cast<const E*>(inputs[k][r]);
+        const void* const* in = inputs.data() + k * n;
         ++k;
         parallel(dst.size() * n * sizeof(E), [&](int part, int parts) {
           const auto [a, b] = chunk_of<E>(0, dst.size(), part, parts);
-          if (a < b) reduce_range(op, dst.data(), in, a, b);
+          if (a < b) reduce_range(op, dst.data(), in, n, a, b);
         });
       },
       out);

@@ -3,7 +3,7 @@
 // Leaf-by-leaf arithmetic between two nests of one type, for variable updates. Shapes are
 // checked for every leaf before any element changes, so an update is applied whole or not at all.
 
-#include <algorithm>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <string>
 #include <type_traits>

@@ -19,39 +19,6 @@
 
 namespace mirror::detail {
 
-/// Calls `f(leaf_of_x0, leaf_of_x1, ...)` for every leaf position of the nests `xs` (all of one
-/// type, each possibly const), depth first, in declaration order.
-template <class F, class X0, class... Xs>
-constexpr void for_each_leaf(F&& f, X0&& x0, Xs&&... xs) {
-  using T = std::remove_cvref_t<X0>;
-  static_assert((std::is_same_v<T, std::remove_cvref_t<Xs>> && ...));
-  if constexpr (leaf<T>) {
-    f(x0, xs...);
-  } else if constexpr (is_std_tuple_like<T>::value) {
-    auto one = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
-      for_each_leaf(f, std::get<J>(x0), std::get<J>(xs)...);
-    };
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (one(std::integral_constant<std::size_t, I>{}), ...);
-    }(std::make_index_sequence<std::tuple_size_v<T>>{});
-  } else if constexpr (is_hana_tuple<T>::value) {
-    constexpr std::size_t n = decltype(boost::hana::length(x0))::value;
-    auto one = [&]<std::size_t J>(std::integral_constant<std::size_t, J>) {
-      for_each_leaf(f, boost::hana::at_c<J>(x0), boost::hana::at_c<J>(xs)...);
-    };
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (one(std::integral_constant<std::size_t, I>{}), ...);
-    }(std::make_index_sequence<n>{});
-  } else if constexpr (is_hana_struct<T>) {
-    boost::hana::for_each(boost::hana::accessors<T>(), [&](auto pair) {
-      auto get = boost::hana::second(pair);
-      for_each_leaf(f, get(x0), get(xs)...);
-    });
-  } else {
-    static_assert(nest<T>, "mirror: not a nest (see mirror/concepts/nest.hpp)");
-  }
-}
-
 template <class... Ts>
 struct type_list {
   static constexpr std::size_t size = sizeof...(Ts);
@@ -77,6 +44,133 @@ auto struct_member_types() {
   return boost::hana::unpack(boost::hana::accessors<S>(), [](auto... pairs) {
     return type_list<std::remove_cvref_t<decltype(boost::hana::second(pairs)(std::declval<S&>()))>...>{};
   });
+}
+
+// ---- leaf paths: how to reach each leaf of a nest type from its root ----
+//
+// for_each_leaf used to recurse through the nest, once per visitor: every call site's lambda
+// instantiated the walk (and Hana's for_each machinery) again for every node type. The paths
+// below are computed once per nest type; a visit is then one fold expression over them.
+
+/// One step down: element I of a std::tuple, std::pair or std::array.
+template <std::size_t I>
+struct std_step {
+  template <class X>
+  static constexpr decltype(auto) get(X& x) {
+    return std::get<I>(x);
+  }
+};
+/// One step down: element I of a boost::hana::tuple.
+template <std::size_t I>
+struct hana_tuple_step {
+  template <class X>
+  static constexpr decltype(auto) get(X& x) {
+    return boost::hana::at_c<I>(x);
+  }
+};
+/// One step down: member I (declaration order) of a Hana struct S.
+template <class S, std::size_t I>
+struct hana_member_step {
+  template <class X>
+  static constexpr decltype(auto) get(X& x) {
+    return boost::hana::second(boost::hana::at_c<I>(boost::hana::accessors<S>()))(x);
+  }
+};
+
+/// The steps from a nest's root to one of its leaves.
+template <class... Steps>
+struct leaf_path;
+template <>
+struct leaf_path<> {
+  template <class X>
+  static constexpr X& get(X& x) {
+    return x;
+  }
+};
+template <class Step, class... Rest>
+struct leaf_path<Step, Rest...> {
+  template <class X>
+  static constexpr decltype(auto) get(X& x) {
+    return leaf_path<Rest...>::get(Step::get(x));
+  }
+};
+
+template <class Step, class Paths>
+struct prepend_step;
+template <class Step, class... Paths>
+struct prepend_step<Step, type_list<Paths...>> {
+  template <class P>
+  struct one;
+  template <class... Steps>
+  struct one<leaf_path<Steps...>> {
+    using type = leaf_path<Step, Steps...>;
+  };
+  using type = type_list<typename one<Paths>::type...>;
+};
+
+template <class T>
+struct leaf_paths;
+template <class T>
+using leaf_paths_t = typename leaf_paths<T>::type;
+
+/// The paths to the leaves of nest type T, depth first, in declaration order.
+template <class T>
+struct leaf_paths {
+  static auto pick() {
+    if constexpr (leaf<T>) {
+      return type_list<leaf_path<>>{};
+    } else if constexpr (is_std_tuple_like<T>::value) {
+      return []<std::size_t... I>(std::index_sequence<I...>) {
+        return typename concat<typename prepend_step<
+            std_step<I>, leaf_paths_t<std::remove_cvref_t<std::tuple_element_t<I, T>>>>::type...>::type{};
+      }(std::make_index_sequence<std::tuple_size_v<T>>{});
+    } else if constexpr (is_hana_tuple<T>::value) {
+      return []<class... Ts>(boost::hana::tuple<Ts...>*) {
+        return []<std::size_t... I>(std::index_sequence<I...>) {
+          return typename concat<typename prepend_step<
+              hana_tuple_step<I>, leaf_paths_t<std::remove_cvref_t<Ts>>>::type...>::type{};
+        }(std::index_sequence_for<Ts...>{});
+      }(static_cast<T*>(nullptr));
+    } else if constexpr (is_hana_struct<T>) {
+      return []<class... Ms>(type_list<Ms...>) {
+        return []<std::size_t... I>(std::index_sequence<I...>) {
+          return typename concat<typename prepend_step<hana_member_step<T, I>, leaf_paths_t<Ms>>::type...>::type{};
+        }(std::index_sequence_for<Ms...>{});
+      }(struct_member_types<T>());
+    } else {
+      static_assert(nest<T>, "mirror: not a nest (see mirror/concepts/nest.hpp)");
+      return type_list<>{};
+    }
+  }
+  using type = decltype(pick());
+};
+
+// One nest and two nests in lockstep (the common cases) are one fold each; more go through a
+// helper per path.
+template <class F, class... Paths, class X0>
+constexpr void visit_leaf_paths(type_list<Paths...>, F& f, X0& x0) {
+  (static_cast<void>(f(Paths::get(x0))), ...);
+}
+template <class F, class... Paths, class X0, class X1>
+constexpr void visit_leaf_paths(type_list<Paths...>, F& f, X0& x0, X1& x1) {
+  (static_cast<void>(f(Paths::get(x0), Paths::get(x1))), ...);
+}
+template <class Path, class F, class... Xs>
+constexpr void visit_leaf_path(F& f, Xs&... xs) {
+  f(Path::get(xs)...);
+}
+template <class F, class... Paths, class X0, class X1, class X2, class... Xs>
+constexpr void visit_leaf_paths(type_list<Paths...>, F& f, X0& x0, X1& x1, X2& x2, Xs&... xs) {
+  (visit_leaf_path<Paths>(f, x0, x1, x2, xs...), ...);
+}
+
+/// Calls `f(leaf_of_x0, leaf_of_x1, ...)` for every leaf position of the nests `xs` (all of one
+/// type, each possibly const), depth first, in declaration order.
+template <class F, class X0, class... Xs>
+constexpr void for_each_leaf(F&& f, X0&& x0, Xs&&... xs) {
+  using T = std::remove_cvref_t<X0>;
+  static_assert((std::is_same_v<T, std::remove_cvref_t<Xs>> && ...));
+  visit_leaf_paths(leaf_paths_t<T>{}, f, x0, xs...);
 }
 
 template <class T>

@@ -2,9 +2,8 @@
 #pragma once
 // The storage and range interface shared by PerReplica<T> and Mirrored<T>.
 
-#include <algorithm>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
-#include <memory>
 #include <utility>
 #include <vector>
 
@@ -35,7 +34,7 @@ class replica_storage<bool> {
     std::copy(v.begin(), v.end(), p_.get());
   }
   replica_storage(const replica_storage& o) : n_(o.n_), p_(std::make_unique<bool[]>(o.n_)) {
-    std::copy_n(o.p_.get(), n_, p_.get());
+    std::copy(o.p_.get(), o.p_.get() + n_, p_.get());
   }
   replica_storage(replica_storage&&) noexcept = default;
   replica_storage& operator=(replica_storage o) noexcept {

@@ -41,6 +41,18 @@ struct run_result : lift_one<R> {
   }
 };
 
+/// Synced<T> results go straight into the Mirrored<T>'s copies (no vector of Synced<T> between).
+template <class T>
+struct run_result<Synced<T>> {
+  using type = Mirrored<T>;
+  static type assemble(std::vector<std::optional<Synced<T>>>& slots) {
+    std::vector<T> copies;
+    copies.reserve(slots.size());
+    for (auto& s : slots) copies.push_back(access::unwrap(std::move(*s)));
+    return access::mirrored(std::move(copies));
+  }
+};
+
 template <template <class...> class Tuple, class... Ts>
 struct tuple_run_result {
   using type = Tuple<typename lift_one<Ts>::type...>;

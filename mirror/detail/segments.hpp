@@ -3,7 +3,7 @@
 // The leaves of one element type, as one replica's device pointers, seen by ops policies as one
 // virtual concatenation (TF's packing concatenates them the same way).
 
-#include <algorithm>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <span>
 #include <utility>

@@ -3,7 +3,7 @@
 // Readable type names for error messages.
 
 #include <cstdlib>
-#include <memory>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <string>
 #include <typeinfo>
 #if __has_include(<cxxabi.h>)

@@ -3,7 +3,7 @@
 /// \file
 /// `mirror::ops::HierarchicalCopy`: TF's two-group tree all-reduce, with odd counts handled.
 
-#include <algorithm>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <mirror/detail/collective.hpp>
 #include <mirror/detail/segments.hpp>

@@ -3,7 +3,7 @@
 /// \file
 /// `mirror::ops::ReductionToOneDevice`: reduce on one replica's device, copy the result back.
 
-#include <algorithm>
+#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <mirror/detail/collective.hpp>
 #include <mirror/detail/segments.hpp>
