@@ -52,6 +52,8 @@ namespace mirror::ops {
 /// unfinished) and aborts the communicators if one is not done within the device's `timeout`.
 struct NcclAllReduce {
   int num_packs = 1;  ///< packs the concatenated leaves are split into; 0 = one per leaf
+  /// Reduces across the workers of `devices::Cluster<Cuda>` too (its communicators span them).
+  static constexpr bool crosses_workers = true;
 
   friend bool operator==(const NcclAllReduce&, const NcclAllReduce&) = default;
 
@@ -83,6 +85,16 @@ struct NcclAllReduce {
   template <class Rt>
     requires std::derived_from<Rt, cuda::runtime>
   void validate(Rt& rt) const {
+    if constexpr (detail::spans_workers<Rt>) {
+      if (rt.replicas_per_gpu() > 1) {
+        throw std::invalid_argument(
+            "mirror::devices::Cluster<devices::Cuda>{.local = {.replicas_per_gpu = " +
+            std::to_string(rt.replicas_per_gpu()) +
+            "}}: several replicas on one GPU cannot be NCCL ranks (NCCL refuses two ranks on one GPU), and "
+            "across workers there is no other GPU policy yet; use one replica per GPU (one GPU per worker "
+            "process, or .local.gpus listing distinct GPUs)");
+      }
+    }
     if (const std::string why = refusal(num_packs, rt.replicas_per_gpu()); !why.empty()) {
       throw std::invalid_argument(why);
     }
