@@ -33,7 +33,8 @@ namespace mirror::devices {
 /// unless the program did (then at least `MPI_THREAD_SERIALIZED` is required), duplicates `comm`
 /// twice with `MPI_ERRORS_RETURN`, checks that R is equal on every worker
 /// (`std::invalid_argument` naming the workers otherwise) and starts one communication thread:
-/// every MPI call of mirror happens there. Pair it with `ops::Hierarchical` (the default ops).
+/// every MPI call of mirror happens there. Pair it with ops that cross workers (they declare
+/// `crosses_workers`: `ops::Hierarchical`, `ops::NcclAllReduce`); others do not compile.
 ///
 /// **Local devices**: host devices (`devices::Threads`; default ops `ops::Hierarchical`), and in
 /// builds with NCCL `devices::Cuda` (default ops `ops::NcclAllReduce`: one NCCL communicator per
