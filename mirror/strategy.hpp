@@ -106,6 +106,10 @@ class Strategy {
   static_assert(cross_device_ops<Ops, Device>,
                 "mirror::Strategy<Device, Ops>: Ops must model mirror::cross_device_ops<Ops, Device> "
                 "(mirror/concepts/cross_device_ops.hpp); ops::ReductionToOneDevice works on every device");
+  static_assert(!detail::spans_workers<runtime_t<Device>> || requires { requires Ops::crosses_workers; },
+                "mirror::Strategy<devices::Cluster<Local>, Ops>: Ops reduces only among one worker's replicas, so "
+                "all_reduce would silently skip the other workers; use default_ops_t<devices::Cluster<Local>> "
+                "(ops::Hierarchical on Threads, ops::NcclAllReduce on Cuda), or ops::Hierarchical<YourLocalOps>");
 
  public:
   using device_type = Device;

@@ -10,7 +10,12 @@
 #include <backends/mpi/mpi_group.hpp>
 #include <backends/mpi/communicator.hpp>
 #include <mirror/concepts/device.hpp>
+#include <mirror/config.hpp>
+#include <mirror/default_ops.hpp>
 #include <mirror/detail/worker_group.hpp>
+#if MIRROR_HAS_NCCL
+#include <backends/nccl/nccl_all_reduce.hpp>  // devices::Cuda, ops::NcclAllReduce: Cluster<Cuda>'s ops
+#endif
 
 namespace mirror::devices {
 
@@ -28,10 +33,19 @@ namespace mirror::devices {
 /// unless the program did (then at least `MPI_THREAD_SERIALIZED` is required), duplicates `comm`
 /// twice with `MPI_ERRORS_RETURN`, checks that R is equal on every worker
 /// (`std::invalid_argument` naming the workers otherwise) and starts one communication thread:
-/// every MPI call of mirror happens there. Pair it with `ops::Hierarchical` (the default ops).
+/// every MPI call of mirror happens there. Pair it with ops that cross workers (they declare
+/// `crosses_workers`: `ops::Hierarchical`, `ops::NcclAllReduce`); others do not compile.
 ///
-/// **Local devices**: host devices (`devices::Threads`). `Cluster<Cuda>` (NCCL across workers)
-/// is not implemented in this release and is refused at compile time.
+/// **Local devices**: host devices (`devices::Threads`; default ops `ops::Hierarchical`), and in
+/// builds with NCCL `devices::Cuda` (default ops `ops::NcclAllReduce`: one NCCL communicator per
+/// local GPU spanning every GPU of every worker, W*G ranks, bootstrapped over MPI by the
+/// strategy's constructor). With `Cuda`: one replica per GPU (`replicas_per_gpu > 1` is refused
+/// with NCCL), the same number of GPUs on every worker, and no GPU used by two workers — on a
+/// host with several workers give each its own, e.g. `.local = {.gpus = {local_rank}}`
+/// (`OMPI_COMM_WORLD_LOCAL_RANK`), or `CUDA_VISIBLE_DEVICES` per process. Host-side
+/// cross-worker work (`Strategy::reduce` of host values, variables' initial broadcast,
+/// checkpoints, input) goes over MPI exactly as with `Threads`; values with device-resident
+/// leaves are reduced by the ops (NCCL), never handed to MPI. Not yet run on a GPU.
 template <class Local>
 struct Cluster {
   /// The device of each worker's replicas (equal settings on every worker).
@@ -52,10 +66,10 @@ struct Cluster {
 
   /// The local runtime (threads, barriers) plus the cross-worker group.
   struct runtime : runtime_t<Local> {
-    static_assert(runtime_t<Local>::host_addressable,
-                  "mirror::devices::Cluster<Local>: only host devices (devices::Threads) can be spanned across "
-                  "workers in this release; Cluster<Cuda> (NCCL across workers, bootstrapped over MPI) is not "
-                  "implemented yet — use devices::Cluster<devices::Threads>, or one process with devices::Cuda");
+    static_assert(runtime_t<Local>::host_addressable || MIRROR_HAS_NCCL,
+                  "mirror::devices::Cluster<devices::Cuda> needs NCCL (the cross-worker all-reduce of GPU "
+                  "memory); this mirror was built without it — use devices::Cluster<devices::Threads>, or one "
+                  "process with devices::Cuda");
 
     explicit runtime(const Cluster& c)
         : runtime_t<Local>(local_policy(c)),
@@ -80,3 +94,15 @@ struct Cluster {
 };
 
 }  // namespace mirror::devices
+
+#if MIRROR_HAS_NCCL
+namespace mirror {
+/// `devices::Cluster<devices::Cuda>` reduces with NCCL across every GPU of every worker (one
+/// communicator per local GPU, W*G ranks), not hierarchically over MPI: MPI here is not
+/// CUDA-aware, and NCCL picks NVLink or the network itself.
+template <>
+struct default_ops<devices::Cluster<devices::Cuda>> {
+  using type = ops::NcclAllReduce;
+};
+}  // namespace mirror
+#endif

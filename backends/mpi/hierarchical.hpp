@@ -35,6 +35,8 @@ template <class LocalOps, class Cross = MpiAllReduce>
 struct Hierarchical {
   LocalOps local{};
   Cross cross{};
+  /// Reduces across the workers of a `devices::Cluster` (Strategy refuses ops without this).
+  static constexpr bool crosses_workers = true;
 
   friend bool operator==(const Hierarchical&, const Hierarchical&) = default;
 

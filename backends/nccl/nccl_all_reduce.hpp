@@ -5,9 +5,11 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 #include <backends/cuda/cuda_device.hpp>
@@ -15,6 +17,8 @@
 #include <mirror/concepts/cross_device_ops.hpp>
 #include <mirror/default_ops.hpp>
 #include <mirror/detail/collective.hpp>
+#include <mirror/detail/cross_worker.hpp>
+#include <mirror/detail/worker_group.hpp>
 #include <mirror/detail/segments.hpp>
 #include <mirror/reduce_op.hpp>
 
@@ -35,12 +39,21 @@ namespace mirror::ops {
 /// complete within the device's `timeout` aborts the communicators and throws
 /// `mirror::timeout_error` naming the replicas that had not enqueued it (the strategy must then
 /// be rebuilt: later NCCL collectives throw `backend_error`).
+/// **Across workers** (`devices::Cluster<devices::Cuda>`, the default ops there): one NCCL
+/// communicator per local GPU spans every GPU of every worker (W*G ranks, rank = global replica
+/// id), bootstrapped over MPI by the strategy's constructor (worker 0's NCCL id, broadcast on
+/// the MPI backend's communication thread). `mean` divides by W*G. Before each all-reduce the
+/// worker's replica 0 checks across workers that every worker reduces the same count, element
+/// type and op (`Cluster{.validate_shapes}`): a mismatch is a `shape_error`, a worker that does
+/// not come a `timeout_error` naming it, before any NCCL call could wait for it on the GPU.
 /// **Communication**: NCCL's ring or tree, about 2·(N-1)/N·S bytes per replica. A call returns
 /// once the all-reduce is enqueued on the replica's stream (architecture.md 2.7); a watchdog
 /// checks each one's completion at the replica's next NCCL call (waiting only when 16 are
 /// unfinished) and aborts the communicators if one is not done within the device's `timeout`.
 struct NcclAllReduce {
   int num_packs = 1;  ///< packs the concatenated leaves are split into; 0 = one per leaf
+  /// Reduces across the workers of `devices::Cluster<Cuda>` too (its communicators span them).
+  static constexpr bool crosses_workers = true;
 
   friend bool operator==(const NcclAllReduce&, const NcclAllReduce&) = default;
 
@@ -72,10 +85,20 @@ struct NcclAllReduce {
   template <class Rt>
     requires std::derived_from<Rt, cuda::runtime>
   void validate(Rt& rt) const {
+    if constexpr (detail::spans_workers<Rt>) {
+      if (rt.replicas_per_gpu() > 1) {
+        throw std::invalid_argument(
+            "mirror::devices::Cluster<devices::Cuda>{.local = {.replicas_per_gpu = " +
+            std::to_string(rt.replicas_per_gpu()) +
+            "}}: several replicas on one GPU cannot be NCCL ranks (NCCL refuses two ranks on one GPU), and "
+            "across workers there is no other GPU policy yet; use one replica per GPU (one GPU per worker "
+            "process, or .local.gpus listing distinct GPUs)");
+      }
+    }
     if (const std::string why = refusal(num_packs, rt.replicas_per_gpu()); !why.empty()) {
       throw std::invalid_argument(why);
     }
-    comms_of(rt);
+    comms_of(rt, workers_of(rt));
   }
 
   template <class Rt, class E>
@@ -87,10 +110,17 @@ struct NcclAllReduce {
     const std::size_t k_leaves = s.leaves.size();
     const bool concat = num_packs > 0 && k_leaves > 1;
     const pointer packed = concat ? rt.template scratch<E>(self, s.total) : pointer{};
+    detail::worker_group* const workers = workers_of(rt);
+    // Across workers, first: same count, type and op on every worker (one small MPI all-reduce
+    // on the communication thread; the other local replicas wait in the exchange below).
+    if (workers != nullptr && self == 0 && workers->num_workers() > 1) {
+      workers->check_all_reduce(s.total, kind_of<E>(), op, "mirror::ReplicaContext::all_reduce (NcclAllReduce)");
+    }
     // The agreement check, and a barrier: a replica that never comes is named by the device's
     // timeout here, before any NCCL call could wait for it on the GPU.
     c.exchange(char{0});
-    if (c.num_replicas() == 1) return;
+    nccl::impl::comms& comms = comms_of(rt, workers);
+    if (nccl::impl::num_ranks(comms) == 1) return;
     std::vector<void*> buffers;
     std::vector<std::size_t> counts;
     if (num_packs == 0) {
@@ -115,7 +145,7 @@ struct NcclAllReduce {
         counts.push_back(b - a);
       }
     }
-    nccl::impl::all_reduce(comms_of(rt), self, rt.stream_of(self), op, cuda::element_type_of<E>(), buffers, counts,
+    nccl::impl::all_reduce(comms, self, rt.stream_of(self), op, cuda::element_type_of<E>(), buffers, counts,
                            rt.timeout());
     if (concat) {
       std::size_t at = 0;
@@ -131,11 +161,32 @@ struct NcclAllReduce {
     nccl::impl::comms* comms;
     ~comms_holder() { nccl::impl::destroy_comms(comms); }
   };
-  static nccl::impl::comms& comms_of(cuda::runtime& rt) {
+  // The cross-worker group of devices::Cluster<Cuda>'s runtime; null in one process.
+  template <class Rt>
+  static detail::worker_group* workers_of(Rt& rt) noexcept {
+    if constexpr (detail::spans_workers<Rt>) {
+      return rt.workers();
+    } else {
+      (void)rt;
+      return nullptr;
+    }
+  }
+  // The agreement check's view of an element type (half types: 2-byte floating point).
+  template <class E>
+  static constexpr detail::element_kind kind_of() noexcept {
+    if constexpr (std::is_arithmetic_v<E>) {
+      return detail::element_kind_of<E>();
+    } else {
+      return {detail::element_kind::category::floating, static_cast<std::uint8_t>(sizeof(E))};
+    }
+  }
+  // Created by validate (the Strategy's constructor, on the user's thread: collective over the
+  // workers there); later calls find them.
+  static nccl::impl::comms& comms_of(cuda::runtime& rt, detail::worker_group* workers) {
     return *rt.extension<comms_holder>([&] {
              std::vector<int> devices;
              for (int r = 0; r < rt.num_replicas(); ++r) devices.push_back(rt.device_of(r));
-             return new comms_holder{nccl::impl::create_comms(devices, rt.timeout())};
+             return new comms_holder{nccl::impl::create_comms(devices, rt.timeout(), workers)};
            }).comms;
   }
 };

@@ -10,11 +10,13 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+#include <mirror/detail/worker_group.hpp>
 #include <mirror/error.hpp>
 
 namespace mirror::nccl::impl {
@@ -34,6 +36,8 @@ struct in_flight {
 };
 
 struct comms {
+  int nranks = 0;      // NCCL ranks of the set: W*G across workers
+  int first_rank = 0;  // this worker's local rank 0: w*G
   std::vector<int> devices;
   std::vector<ncclComm_t> comm;
   std::vector<in_flight> pending;                      // per rank
@@ -112,13 +116,17 @@ bool wait_until(ncclComm_t comm, std::chrono::steady_clock::time_point deadline,
 
 }  // namespace
 
+int num_ranks(const comms& c) noexcept { return c.nranks; }
+int first_rank(const comms& c) noexcept { return c.first_rank; }
+
 int version() noexcept {
   int v = 0;
   (void)ncclGetVersion(&v);
   return v;
 }
 
-comms* create_comms(std::span<const int> devices, std::chrono::milliseconds timeout) {
+comms* create_comms(std::span<const int> devices, std::chrono::milliseconds timeout,
+                    detail::worker_group* workers) {
   auto c = std::make_unique<comms>();
   const int n = static_cast<int>(devices.size());
   c->devices.assign(devices.begin(), devices.end());
@@ -127,15 +135,33 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
   c->entered = std::make_unique<std::atomic<std::uint64_t>[]>(devices.size());
   int previous = 0;
   check_cuda(cudaGetDevice(&previous), "cudaGetDevice");
-  ncclUniqueId id;
-  check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  const int num_workers = workers != nullptr ? workers->num_workers() : 1;
+  const int worker = workers != nullptr ? workers->worker_index() : 0;
+  c->nranks = num_workers * n;
+  c->first_rank = worker * n;
+  // Worker 0 creates the id; the group broadcasts it with worker 0's result, so a failure there
+  // is an error on every worker instead of a wait for an id that never comes.
+  struct {
+    ncclUniqueId id;
+    std::int32_t result;
+  } boot{};
+  if (worker == 0) boot.result = static_cast<std::int32_t>(ncclGetUniqueId(&boot.id));
+  if (workers != nullptr) {
+    workers->broadcast(&boot, sizeof boot, 0, "mirror::ops::NcclAllReduce (the NCCL unique id, from worker 0)");
+  }
+  if (boot.result != ncclSuccess) {
+    fail_nccl(static_cast<ncclResult_t>(boot.result),
+              worker == 0 ? "ncclGetUniqueId" : "ncclGetUniqueId (on worker 0)");
+  }
+  const ncclUniqueId& id = boot.id;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   // Every rank of this process inside one group: NCCL's single-thread, several-GPU init.
   check_nccl(ncclGroupStart(), "ncclGroupStart");
   for (int i = 0; i < n; ++i) {
     check_cuda(cudaSetDevice(devices[static_cast<std::size_t>(i)]), "cudaSetDevice");
-    check_nccl(ncclCommInitRankConfig(&c->comm[static_cast<std::size_t>(i)], n, id, i, &config),
+    check_nccl(ncclCommInitRankConfig(&c->comm[static_cast<std::size_t>(i)], c->nranks, id, c->first_rank + i,
+                                      &config),
                "ncclCommInitRankConfig");
   }
   const ncclResult_t end = ncclGroupEnd();
@@ -153,9 +179,13 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
     if (!ready) {
       abort_all(*c);
       std::vector<int> all(static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r) all[static_cast<std::size_t>(r)] = r;
+      for (int r = 0; r < n; ++r) all[static_cast<std::size_t>(r)] = c->first_rank + r;
       throw timeout_error("mirror::ops::NcclAllReduce: creating the communicators took longer than " +
-                              std::to_string(timeout.count()) + " ms; they were aborted",
+                              std::to_string(timeout.count()) + " ms" +
+                              (num_workers > 1 ? " (" + std::to_string(c->nranks) + " ranks over " +
+                                                     std::to_string(num_workers) + " workers)"
+                                               : std::string()) +
+                              "; they were aborted",
                           all);
     }
   }
@@ -219,15 +249,19 @@ void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_typ
   auto expire_for = [&](const char* stage, std::uint64_t seq) {
     std::vector<int> missing;
     for (std::size_t r = 0; r < c.comm.size(); ++r) {
-      if (c.entered[r].load() < seq) missing.push_back(static_cast<int>(r));
+      if (c.entered[r].load() < seq) missing.push_back(c.first_rank + static_cast<int>(r));
     }
     abort_all(c);
     std::string names;
     for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
-    throw timeout_error("mirror::ops::NcclAllReduce: replica " + std::to_string(rank) + " waited " +
+    throw timeout_error("mirror::ops::NcclAllReduce: replica " + std::to_string(c.first_rank + rank) + " waited " +
                             std::to_string(timeout.count()) + " ms " + stage + "; replicas {" + names +
                             "} had not enqueued it" +
-                            (missing.empty() ? " (all had: the GPUs or links did not complete it)" : "") +
+                            (missing.empty() ? (c.nranks > static_cast<int>(c.comm.size())
+                                                    ? " (all of this worker's had: the GPUs, links or other workers did "
+                                                      "not complete it)"
+                                                    : " (all had: the GPUs or links did not complete it)")
+                                             : "") +
                             "; the communicators were aborted",
                         missing);
   };
@@ -270,9 +304,9 @@ void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_typ
     expire("for NCCL to enqueue the all-reduce");
   }
   if (op == ReduceOp::mean && !is_float(type)) {
-    const int n = static_cast<int>(c.comm.size());
     for (std::size_t i = 0; i < buffers.size(); ++i) {
-      const int e = cuda::impl::launch_divide(stream, type, buffers[i], counts[i], static_cast<std::size_t>(n));
+      const int e =
+          cuda::impl::launch_divide(stream, type, buffers[i], counts[i], static_cast<std::size_t>(c.nranks));
       if (e != 0) check_cuda(static_cast<cudaError_t>(e), "the divide kernel launch");
     }
   }

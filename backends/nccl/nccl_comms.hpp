@@ -9,22 +9,39 @@
 #include <backends/cuda/element_type.hpp>
 #include <mirror/reduce_op.hpp>
 
+namespace mirror::detail {
+class worker_group;
+}
+
 namespace mirror::nccl::impl {
 
-/// One non-blocking communicator per device of a device set (rank i on devices[i]), its
-/// watchdog state, and a ring of completion events per rank. Created once per Strategy.
+/// One non-blocking communicator per local device of a device set (local rank i on
+/// devices[i]), its watchdog state, and a ring of completion events per local rank. Created
+/// once per Strategy. With `workers` (devices::Cluster<Cuda>) the set spans every device of
+/// every worker: W*G NCCL ranks, local rank i of worker w being NCCL rank w*G + i.
 struct comms;
 
-/// Creates the communicators (ncclCommInitRankConfig for every rank inside one group).
-/// Throws mirror::backend_error (ncclResult_t and text), mirror::timeout_error after `timeout`.
-comms* create_comms(std::span<const int> devices, std::chrono::milliseconds timeout);
+/// Creates the communicators (ncclCommInitRankConfig for every local rank inside one group).
+/// With `workers` (non-null; collective over the workers, called by every worker on the thread
+/// that may call the group): worker 0 creates the NCCL unique id and the group broadcasts it
+/// (the MPI backend's communication thread: no MPI call here); every worker must pass the same
+/// number of devices. Throws mirror::backend_error (ncclResult_t and text) — on every worker
+/// when worker 0 could not create the id — and mirror::timeout_error after `timeout`.
+comms* create_comms(std::span<const int> devices, std::chrono::milliseconds timeout,
+                    detail::worker_group* workers = nullptr);
 void destroy_comms(comms*) noexcept;
 
-/// On rank `rank`'s thread: all-reduces `counts[i]` elements in place at `buffers[i]` for every
+/// The number of NCCL ranks of the set (W*G across workers, else G) and this process's first.
+int num_ranks(const comms&) noexcept;
+int first_rank(const comms&) noexcept;
+
+/// On local rank `rank`'s thread: all-reduces `counts[i]` elements in place at `buffers[i]` for every
 /// i, in one NCCL group on `stream`, and returns once it is enqueued. Its completion is watched:
 /// the rank's next call (or destroy_comms) checks its earlier collectives, waiting only when 16
 /// are unfinished, and one unfinished `timeout` after it was enqueued aborts every communicator
-/// of the set and throws mirror::timeout_error naming the ranks that had not enqueued it; later
+/// of the set and throws mirror::timeout_error naming the ranks that had not enqueued it (NCCL
+/// ranks; across workers only this worker's ranks can be named, the agreement check before each
+/// call names late workers); later
 /// calls throw mirror::backend_error. `mean` uses ncclAvg
 /// for floating point and ncclSum followed by an integer division kernel for integers.
 void all_reduce(comms&, int rank, void* stream, ReduceOp op, cuda::element_type type, std::span<void* const> buffers,

@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 #include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <mirror/detail/worker_group.hpp>
@@ -32,6 +33,10 @@ constexpr ReduceOp cross_op(ReduceOp op) noexcept { return op == ReduceOp::mean 
 /// `count` (the number of global replicas that contributed).
 template <class T>
 void all_reduce_nest(worker_group& g, T& nest, ReduceOp op, std::size_t count, const char* what) {
+  static_assert(!has_device_leaf<T>(),
+                "mirror: a host-side cross-worker reduction (Strategy::reduce of host values, axis0, variables) got "
+                "device-resident leaves (GPU memory), which never go to MPI; reduce them with ctx.all_reduce "
+                "inside fn (the ops policy: NCCL on devices::Cluster<devices::Cuda>)");
   for_each_leaf(
       [&](auto& l) {
         using L = std::remove_cvref_t<decltype(l)>;
@@ -47,6 +52,10 @@ void all_reduce_nest(worker_group& g, T& nest, ReduceOp op, std::size_t count, c
 /// sizes; a fixed-size leaf whose size differs is a shape_error on every worker.
 template <class T>
 void broadcast_nest(worker_group& g, T& nest, int root, const char* what) {
+  static_assert(!has_device_leaf<T>(),
+                "mirror: a cross-worker broadcast (ReplicaContext::broadcast, Strategy::broadcast, make_variable) of "
+                "device-resident leaves (GPU memory) is not supported: they would go to MPI, which is not CUDA-aware "
+                "here; broadcast host leaves (std::vector) and upload them, or all_reduce on the devices");
   constexpr std::size_t K = leaf_count<T>();
   std::array<std::uint64_t, K + 1> sizes{};
   std::size_t k = 0;
