@@ -27,7 +27,7 @@ namespace mirror::ops {
 ///
 /// Before step 1, replica 0 checks across workers that every worker reduces the same count,
 /// element type and op (`Cluster{.validate_shapes}`), so a mismatch is a `shape_error` on every
-/// worker before any value changes.
+/// worker before any value changes (with R = 1, in the same hand-off as step 2).
 ///
 /// **Bits**: local phase in replica order, then MPI's order over workers: the same bits for the
 /// same inputs, W, R, policy and MPI configuration.
@@ -54,11 +54,15 @@ struct Hierarchical {
     detail::worker_group& g = *rt.workers();
     const int self = c.self();
     const bool many = g.num_workers() > 1;
-    if (self == 0 && many) g.check_all_reduce(s.total, detail::element_kind_of<E>(), detail::cross_op(op), "mirror::ReplicaContext::all_reduce");
+    // With one local replica nothing changes before the cross step, so the agreement check
+    // rides in the same hand-off to the communication thread as the data (one wake-up per
+    // all-reduce instead of two); with several, it must finish before the local phase.
+    const bool check_apart = c.num_replicas() > 1;
+    if (self == 0 && many && check_apart) g.check_all_reduce(s.total, detail::element_kind_of<E>(), detail::cross_op(op), "mirror::ReplicaContext::all_reduce");
     local.all_reduce(c, detail::cross_op(op), s);
     const std::size_t n = static_cast<std::size_t>(g.num_workers()) * static_cast<std::size_t>(c.num_replicas());
     if (self == 0) {
-      if (many) cross_step(rt, g, op, s);
+      if (many) cross_step(rt, g, op, s, check_apart);
       if (op == ReduceOp::mean) {
         for (std::size_t k = 0; k < s.leaves.size(); ++k) rt.divide(self, s.leaves[k], s.sizes[k], n);
       }
@@ -76,9 +80,10 @@ struct Hierarchical {
 
  private:
   template <class Rt, class E>
-  void cross_step(Rt& rt, detail::worker_group& g, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
+  void cross_step(Rt& rt, detail::worker_group& g, ReduceOp op, const detail::segment_list<Rt, E>& s,
+                  bool checked) const {
     if (s.leaves.size() == 1) {
-      cross.all_reduce(g, s.leaves[0], s.total, detail::cross_op(op), true);
+      cross.all_reduce(g, s.leaves[0], s.total, detail::cross_op(op), checked);
       return;
     }
     E* staging = rt.template scratch<E>(0, s.total);
@@ -87,7 +92,7 @@ struct Hierarchical {
       std::copy_n(s.leaves[k], s.sizes[k], staging + at);
       at += s.sizes[k];
     }
-    cross.all_reduce(g, staging, s.total, detail::cross_op(op), true);
+    cross.all_reduce(g, staging, s.total, detail::cross_op(op), checked);
     at = 0;
     for (std::size_t k = 0; k < s.leaves.size(); ++k) {
       std::copy_n(staging + at, s.sizes[k], s.leaves[k]);
