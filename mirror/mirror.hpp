@@ -39,5 +39,5 @@
 #include <backends/cuda/cuda.hpp>  // and, in NCCL builds, backends/nccl (through cuda_device.hpp)
 #endif
 #if MIRROR_HAS_MPI
-#include <backends/mpi/mpi.hpp>  // devices::Cluster, ops::Hierarchical, ops::MpiAllReduce (brings <mpi.h>)
+#include <backends/mpi/mpi.hpp>  // devices::Cluster, ops::Hierarchical, ops::MpiAllReduce (no <mpi.h>: libmirror_mpi has it)
 #endif
