@@ -64,8 +64,7 @@ exec ip netns exec "$h" unshare --uts sh -c "hostname $h; $*"
 EOS
 chmod +x "$work/nsrsh"
 
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
+. "$(dirname "$0")/mpi_env.sh"  # root, containers, sanitizer options (as run_mpi.sh)
 timeout -k 10 120 mpirun --allow-run-as-root --bind-to none --oversubscribe \
   --host "${hosts[0]}:2,${hosts[1]}:2" -np 4 --mca plm_rsh_agent "$work/nsrsh" \
   --mca oob_tcp_if_include "$net/24" --mca btl_tcp_if_include "$net/24" \
