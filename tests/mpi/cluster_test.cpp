@@ -22,9 +22,7 @@
 #include <vector>
 #include <mirror/mirror.hpp>
 
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>  // the tests compare with plain MPI calls
+#include "mpi/mpi_world.hpp"  // world_size, world_rank; the tests compare with plain MPI calls
 #include "support/reference.hpp"
 
 namespace {
@@ -32,17 +30,6 @@ namespace {
 using Cluster = mirror::devices::Cluster<mirror::devices::Threads>;
 using Strategy = mirror::Strategy<Cluster>;
 using mirror::ReduceOp;
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 Cluster cluster(int replicas) {
   Cluster c;

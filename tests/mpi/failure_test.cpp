@@ -13,9 +13,7 @@
 #include <vector>
 #include <mirror/mirror.hpp>
 
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>  // the tests compare with plain MPI calls
+#include "mpi/mpi_world.hpp"  // world_size, world_rank; the tests compare with plain MPI calls
 
 namespace {
 
@@ -24,16 +22,6 @@ using Strategy = mirror::Strategy<Cluster>;
 using mirror::ReduceOp;
 using clock_type = std::chrono::steady_clock;
 
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 Cluster cluster(int replicas, std::chrono::milliseconds timeout) {
   Cluster c;
   c.local.replicas = replicas;
