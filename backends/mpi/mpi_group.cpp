@@ -137,7 +137,7 @@ struct group::impl {
     const char* what;
     bool checked;
     std::exception_ptr error;
-    bool done = false;
+    std::atomic<bool> done{false};  // set (under mutex) after everything else the thread writes
   };
   // Why the group cannot be used any more (guarded by mutex).
   struct broken_state {
@@ -154,6 +154,12 @@ struct group::impl {
   // After a collective the thread spins (yielding) this long for the next job before parking
   // (4-byte all-reduce loop, 2 workers: 41 -> 23 us per call).
   static constexpr std::chrono::microseconds idle_spin{100};
+  // The caller spins (yielding) this long for its job before parking on the condition variable:
+  // a yield hands the core to the communication thread as a park would, but the return costs
+  // no futex wake-up. Measured together with the unyielding poll below (2 workers x 1 replica,
+  // bench/mpi_cluster_bench, medians of 8 alternated pairs): 4 B 18 -> 9-13 us per call,
+  // 64 KiB 55-78 -> 37-56 us; either change alone moved neither.
+  static constexpr std::chrono::microseconds caller_spin{100};
 
   // Caller <-> communication thread.
   std::mutex caller_mutex;  // serialises callers (held for a whole job; never by the thread)
@@ -253,10 +259,11 @@ struct group::impl {
     taken = false;
     posted.store(true, std::memory_order_release);
     wake_comm.notify_one();  // no system call when the thread is spinning rather than parked
-    // The caller parks at once: a caller spinning beside the polling communication thread
-    // (4 runnable threads on 2 cores with 2 workers) measured slower than a wake-up (50 us spin:
-    // 64 KiB 2.2x vs 2.0x of raw MPI, 4 B 44 us vs 23 us).
-    wake_caller.wait(lock, [&] { return j.done; });
+    lock.unlock();
+    const auto spin_until = clock::now() + caller_spin;
+    while (!j.done.load(std::memory_order_acquire) && clock::now() < spin_until) std::this_thread::yield();
+    lock.lock();
+    wake_caller.wait(lock, [&] { return j.done.load(std::memory_order_relaxed); });
     if (j.error) std::rethrow_exception(j.error);
   }
 
@@ -325,7 +332,7 @@ struct group::impl {
         execute(*j);
         std::lock_guard lock(mutex);
         current = nullptr;
-        j->done = true;
+        j->done.store(true, std::memory_order_release);
         wake_caller.notify_all();
       }
       if (stopping) {
@@ -427,12 +434,11 @@ struct group::impl {
       int done = 0;
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
       if (done) return;
-      // The control communicator, the failure flag and the clock every 8th poll: MPI_Test is
-      // what moves the collective along, the rest is bookkeeping (a probe costs a progress call).
-      if ((polls & 7) != 7) {
-        std::this_thread::yield();
-        continue;
-      }
+      // The control communicator, the failure flag, the clock and a yield every 8th poll only:
+      // MPI_Test is what moves the collective along, the rest is bookkeeping (a probe costs a
+      // progress call), and a yield per test (a system call, often a context switch to the
+      // spinning caller) made this thread the slow side of the exchange.
+      if ((polls & 7) != 7) continue;
       serve_control();
       progress_sends();
       if (remote) {
@@ -451,12 +457,12 @@ struct group::impl {
         abandoned.push_back(request);
         time_out(start, what);
       }
-      // Poll with a yield between MPI_Tests for the first second, never sleeping: Open MPI's
+      // Poll with a yield every 8 MPI_Tests for the first second, never sleeping: Open MPI's
       // shared-memory and libnbc collectives advance only inside MPI calls, so a sleeping comm
       // thread stalls its peers too (the 20 us sleeps this loop had after 200 us put 5.8 % of a
-      // 1 MiB run's samples in do_nanosleep, each costing ~80 us with timer slack). The caller is parked on a condition variable,
-      // so per worker this is the one runnable thread, as in a blocking MPI_Allreduce (which
-      // spins in opal_progress). After a second (a late worker, not a slow transfer) back off
+      // 1 MiB run's samples in do_nanosleep, each costing ~80 us with timer
+      // slack). The caller yields while it spins and then parks, so per worker this is the one
+      // thread that keeps a core, as in a blocking MPI_Allreduce (which spins in opal_progress). After a second (a late worker, not a slow transfer) back off
       // to 100 us sleeps so a worker waiting for a straggler does not burn a core.
       if (now - start < std::chrono::seconds(1)) {
         std::this_thread::yield();
