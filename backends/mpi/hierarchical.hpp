@@ -52,17 +52,22 @@ struct Hierarchical {
                   "processes, host memory); in one process use default_ops_t<Device>");
     Rt& rt = c.runtime();
     detail::worker_group& g = *rt.workers();
+    if (g.num_workers() == 1) {
+      // Nothing crosses processes: the local policy's all-reduce is the whole answer (its mean
+      // divides by R = W*R, the same arithmetic as below), without the copy from replica 0.
+      local.all_reduce(c, op, s);
+      return;
+    }
     const int self = c.self();
-    const bool many = g.num_workers() > 1;
     // With one local replica nothing changes before the cross step, so the agreement check
     // rides in the same hand-off to the communication thread as the data (one wake-up per
     // all-reduce instead of two); with several, it must finish before the local phase.
     const bool check_apart = c.num_replicas() > 1;
-    if (self == 0 && many && check_apart) g.check_all_reduce(s.total, detail::element_kind_of<E>(), detail::cross_op(op), "mirror::ReplicaContext::all_reduce");
+    if (self == 0 && check_apart) g.check_all_reduce(s.total, detail::element_kind_of<E>(), detail::cross_op(op), "mirror::ReplicaContext::all_reduce");
     local.all_reduce(c, detail::cross_op(op), s);
     const std::size_t n = static_cast<std::size_t>(g.num_workers()) * static_cast<std::size_t>(c.num_replicas());
     if (self == 0) {
-      if (many) cross_step(rt, g, op, s, check_apart);
+      cross_step(rt, g, op, s, check_apart);
       if (op == ReduceOp::mean) {
         for (std::size_t k = 0; k < s.leaves.size(); ++k) rt.divide(self, s.leaves[k], s.sizes[k], n);
       }

@@ -380,7 +380,7 @@ TEST_CASE("cluster: distribute_dataset gives each worker its contiguous part of 
   }
 }
 
-TEST_CASE("cluster: a dataset size that differs across workers is a shape_error on every worker", "[mpi]") {
+TEST_CASE("cluster: a dataset size that differs across workers is a shape_error on every worker", "[mpi][mismatch]") {
   const int w = world_rank();
   Strategy& s = strategy_with(1);
   std::vector<std::vector<int>> batches(static_cast<std::size_t>(3 + (w == 1 ? 1 : 0)), std::vector<int>{1, 2});
@@ -445,7 +445,7 @@ TEST_CASE("cluster: ragged worker data ends every worker at the same step (has-d
   for (int k = 0; k < static_cast<int>(totals.size()); ++k) CHECK(totals[static_cast<std::size_t>(k)] == float(4 * (W - k)));
 }
 
-TEST_CASE("cluster: mismatched shapes across workers are a shape_error on every worker, and the strategy goes on", "[mpi]") {
+TEST_CASE("cluster: mismatched shapes across workers are a shape_error on every worker, and the strategy goes on", "[mpi][mismatch]") {
   const int w = world_rank();
   Strategy& s = strategy_with(2);
   try {
