@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <span>
 #include <vector>
-#include "fake_device_vector.hpp"
+#include "tests/support/fake_device_vector.hpp"
 int main() {
   mirror::Strategy<mirror::devices::Threads> strategy{{.replicas = 2}};
   strategy.run([](auto& ctx) { (void)ctx.all_reduce(mirror::ReduceOp::sum, std::vector<float>{1, 2}); });  // <- under test

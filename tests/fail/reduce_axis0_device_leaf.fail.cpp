@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <span>
 #include <vector>
-#include "fake_device_vector.hpp"
+#include "tests/support/fake_device_vector.hpp"
 int main() {
   mirror::Strategy<mirror::devices::Threads> strategy{{.replicas = 2}};
   auto values = strategy.run([] { return FakeDeviceVector{{1, 2}}; });

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 #include <mirror/mirror.hpp>
+#include "support/fake_device_vector.hpp"
 
 using mirror::ReduceOp;
 
@@ -115,40 +116,20 @@ TEST_CASE("nccl: TF's packing rule, the last pack takes the rest", "[nccl][no_gp
 
 // ---- device-resident leaves (architecture.md 2.7): never read on the host ----
 
-namespace {
-// An owning leaf whose elements the traits declare device-resident, like thrust::device_vector
-// (which needs nvcc): compile-time checks only, its memory is never touched here.
-struct fake_device_vector {
-  std::vector<float> storage;
-};
-}  // namespace
-
-template <>
-struct mirror::leaf_traits<fake_device_vector> {
-  static constexpr bool is_leaf = true;
-  using element_type = float;
-  static constexpr int rank = 1;
-  static constexpr bool is_view = false;
-  static constexpr bool resizable = false;
-  static constexpr bool device_resident = true;
-  static std::span<float> elements(fake_device_vector& x) noexcept { return x.storage; }
-  static std::span<const float> elements(const fake_device_vector& x) noexcept { return x.storage; }
-};
-
 // Instantiated (so it must compile and link against libmirror_cuda) but only called with a GPU:
 // reduce of a device-resident value goes through the replicas' all-reduce, not the host loop.
-[[maybe_unused]] fake_device_vector reduce_device_value(mirror::Strategy<mirror::devices::Cuda>& s,
-                                                        const mirror::PerReplica<fake_device_vector>& v) {
+[[maybe_unused]] FakeDeviceVector reduce_device_value(mirror::Strategy<mirror::devices::Cuda>& s,
+                                                      const mirror::PerReplica<FakeDeviceVector>& v) {
   return s.reduce(ReduceOp::sum, v);
 }
 
 TEST_CASE("cuda: device leaves are marked device_resident; host leaves are not", "[cuda][no_gpu]") {
   STATIC_REQUIRE(mirror::device_resident_leaf<mirror::cuda::device_span<float>>);
-  STATIC_REQUIRE(mirror::device_resident_leaf<fake_device_vector>);
+  STATIC_REQUIRE(mirror::device_resident_leaf<FakeDeviceVector>);
   STATIC_REQUIRE_FALSE(mirror::device_resident_leaf<std::vector<float>>);
   STATIC_REQUIRE_FALSE(mirror::device_resident_leaf<std::span<float>>);
   STATIC_REQUIRE_FALSE(mirror::device_resident_leaf<double>);
-  STATIC_REQUIRE(mirror::detail::has_device_leaf<std::tuple<std::vector<float>, fake_device_vector>>());
+  STATIC_REQUIRE(mirror::detail::has_device_leaf<std::tuple<std::vector<float>, FakeDeviceVector>>());
   STATIC_REQUIRE_FALSE(mirror::detail::has_device_leaf<std::tuple<std::vector<float>, int>>());
   // What a variable or a batch-axis reduce would read on the host is rejected at compile time:
   // tests/fail/variable_of_device_leaves, reduce_axis0_device_leaf, device_leaf_on_host_device.

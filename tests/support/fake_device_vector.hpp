@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// A stand-in for thrust::device_vector in the compile-fail tests: an owning leaf that declares
-// its elements device-resident (the host memory behind it is never read: these tests only compile).
+// A stand-in for thrust::device_vector (which needs nvcc) in the compile-fail tests and the CUDA
+// backend's no-GPU tests: an owning leaf that declares its elements device-resident. The host
+// memory behind it is never read: its users only compile, or never call, what takes it.
 #include <mirror/leaf_traits.hpp>
 #include <span>
 #include <vector>
