@@ -31,18 +31,14 @@ using Cluster = mirror::devices::Cluster<mirror::devices::Threads>;
 using Strategy = mirror::Strategy<Cluster>;
 using mirror::ReduceOp;
 
-Cluster cluster(int replicas) {
-  Cluster c;
-  c.local.replicas = replicas;
-  c.timeout = std::chrono::seconds(30);  // a bug fails a case in 30 s instead of hanging
-  return c;
-}
-
 // One strategy per local replica count for the whole program (each one's construction is a
 // collective over MPI_COMM_WORLD and starts a thread pool).
 Strategy& strategy_with(int replicas) {
   static std::unique_ptr<Strategy> s[3];
-  if (!s[replicas]) s[replicas] = std::make_unique<Strategy>(cluster(replicas));
+  // A 30 s timeout: a bug fails a case in 30 s instead of hanging.
+  if (!s[replicas]) {
+    s[replicas] = std::make_unique<Strategy>(Cluster{.local = {.replicas = replicas}, .timeout = std::chrono::seconds(30)});
+  }
   return *s[replicas];
 }
 

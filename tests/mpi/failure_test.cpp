@@ -22,12 +22,6 @@ using Strategy = mirror::Strategy<Cluster>;
 using mirror::ReduceOp;
 using clock_type = std::chrono::steady_clock;
 
-Cluster cluster(int replicas, std::chrono::milliseconds timeout) {
-  Cluster c;
-  c.local.replicas = replicas;
-  c.timeout = timeout;
-  return c;
-}
 double seconds_since(clock_type::time_point t) {
   return std::chrono::duration<double>(clock_type::now() - t).count();
 }
@@ -37,7 +31,7 @@ double seconds_since(clock_type::time_point t) {
 TEST_CASE("failure: unequal local replica counts are an invalid_argument on every worker, naming them", "[mpi]") {
   const int w = world_rank();
   try {
-    Strategy s(cluster(w == 0 ? 1 : 2, std::chrono::seconds(30)));
+    Strategy s(Cluster{.local = {.replicas = w == 0 ? 1 : 2}, .timeout = std::chrono::seconds(30)});
     FAIL("no error");
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
@@ -49,7 +43,7 @@ TEST_CASE("failure: unequal local replica counts are an invalid_argument on ever
 TEST_CASE("failure: an exception in fn on one worker reaches the others' pending collectives at once", "[mpi]") {
   const int W = world_size(), w = world_rank();
   const int R = 2;
-  Strategy s(cluster(R, std::chrono::seconds(60)));
+  Strategy s(Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(60)});
   const int thrower = (W - 1) * R + 1;  // the last worker's second replica
   const auto start = clock_type::now();
   try {
@@ -73,7 +67,7 @@ TEST_CASE("failure: an exception in fn on one worker reaches the others' pending
 TEST_CASE("failure: a late worker is named by every waiting worker after the timeout", "[mpi]") {
   const int W = world_size(), w = world_rank();
   const auto timeout = std::chrono::milliseconds(1000);
-  Strategy s(cluster(1, timeout));
+  Strategy s(Cluster{.local = {.replicas = 1}, .timeout = timeout});
   const auto warm = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); });
   REQUIRE(warm.primary() == W);
   const int late = W - 1;
@@ -102,7 +96,7 @@ TEST_CASE("failure: an MPI error code is a backend_error with MPI's code and tex
   // Errors on no valid communicator go to MPI_COMM_WORLD's handler: return them instead of
   // aborting the job, as mirror does on its own communicators.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  Cluster c = cluster(1, std::chrono::seconds(30));
+  Cluster c{.local = {.replicas = 1}, .timeout = std::chrono::seconds(30)};
   c.comm = MPI_COMM_NULL;
   try {
     Strategy s(c);
