@@ -44,12 +44,16 @@ class runtime {
     }
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     // Spinning only pays when every replica has a core; oversubscribed, a spinner steals the
-    // time slice of the replica it waits for. 100 us covers a training step's imbalance
-    // (Fashion-MNIST, 2 replicas: ~11 us of spinning gave 89K samples/s, ~110 us 100K); the pool
-    // parks after it, so an idle pool burns nothing.
+    // time slice of the replica it waits for. With a core each, the spin (pure for 2 us, then
+    // yielding) should outlast a training step's imbalance between replicas: a parked waiter
+    // costs the late replica, the one on the critical path, a futex wake-up, and itself a
+    // scheduler wake-up. Fashion-MNIST, 2 replicas on 2 cores (a VM whose steps jitter by
+    // hundreds of us): a 100 us spin parked in half of the steps' all-reduce barriers, 300 us in
+    // a third, 1 ms in 4 of 470; 2 replicas vs 1 went from 1.30-1.68x to 1.61-1.80x (4
+    // alternated rounds). The pool parks after it, so an idle pool burns nothing.
     for (parking_lot* lot : {&job_lot_, &done_lot_, &barrier_lot_}) {
       if (static_cast<unsigned>(n_) <= cores) {
-        lot->configure(std::chrono::microseconds(100), 8);
+        lot->configure(std::chrono::milliseconds(1), 8);
       } else {
         lot->configure(std::chrono::microseconds(1), 2);
       }
