@@ -160,6 +160,11 @@ struct group::impl {
   // bench/mpi_cluster_bench, medians of 8 alternated pairs): 4 B 18 -> 9-13 us per call,
   // 64 KiB 55-78 -> 37-56 us; either change alone moved neither.
   static constexpr std::chrono::microseconds caller_spin{100};
+  // How long a wait polls MPI_Test without yielding (see wait()). 2 workers x 1 replica,
+  // medians of 8 alternated pairs against the yield every 8 tests: 4 B 19.5 -> 11.4-12.2 us
+  // per call (shape check on), 64 KiB 1.71-2.12x -> 1.29-1.31x raw MPI, 1 MiB 1.00-1.07x ->
+  // 0.93-0.94x; 3 workers on 2 cores: no change beyond the noise.
+  static constexpr std::chrono::milliseconds unyielding_wait{1};
 
   // Caller <-> communication thread.
   std::mutex caller_mutex;  // serialises callers (held for a whole job; never by the thread)
@@ -434,10 +439,9 @@ struct group::impl {
       int done = 0;
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
       if (done) return;
-      // The control communicator, the failure flag, the clock and a yield every 8th poll only:
-      // MPI_Test is what moves the collective along, the rest is bookkeeping (a probe costs a
-      // progress call), and a yield per test (a system call, often a context switch to the
-      // spinning caller) made this thread the slow side of the exchange.
+      // The control communicator, the failure flag and the clock every 8th poll only: MPI_Test
+      // is what moves the collective along, the rest is bookkeeping (a probe costs a progress
+      // call).
       if ((polls & 7) != 7) continue;
       serve_control();
       progress_sends();
@@ -457,15 +461,17 @@ struct group::impl {
         abandoned.push_back(request);
         time_out(start, what);
       }
-      // Poll with a yield every 8 MPI_Tests for the first second, never sleeping: Open MPI's
-      // shared-memory and libnbc collectives advance only inside MPI calls, so a sleeping comm
-      // thread stalls its peers too (the 20 us sleeps this loop had after 200 us put 5.8 % of a
-      // 1 MiB run's samples in do_nanosleep, each costing ~80 us with timer
-      // slack). The caller yields while it spins and then parks, so per worker this is the one
-      // thread that keeps a core, as in a blocking MPI_Allreduce (which spins in opal_progress). After a second (a late worker, not a slow transfer) back off
-      // to 100 us sleeps so a worker waiting for a straggler does not burn a core.
+      // Never sleep for the first second: Open MPI's shared-memory and libnbc collectives
+      // advance only inside MPI calls, so a sleeping comm thread stalls its peers too (the 20 us
+      // sleeps this loop had after 200 us put 5.8 % of a 1 MiB run's samples in do_nanosleep,
+      // each costing ~80 us with timer slack). Nor yield for the first `unyielding_wait`: the
+      // caller spins with yields beside this thread, and handing it the core mid-collective
+      // stalls the exchange for the peers as well; as in a blocking MPI_Allreduce (which spins
+      // in opal_progress) this thread keeps the core. After that, a yield every 8 tests (a
+      // transfer that long is bandwidth-bound; a late worker needs the cores), and after a
+      // second (a straggler, not a slow transfer) 100 us sleeps, so waiting burns no core.
       if (now - start < std::chrono::seconds(1)) {
-        std::this_thread::yield();
+        if (now - start >= unyielding_wait) std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
