@@ -50,6 +50,9 @@ source tests/mpi/mpi_env.sh  # root, the containers' CMA copy: the same launches
 mpi_root=()
 [[ $(id -u) -eq 0 ]] && mpi_root=(--allow-run-as-root)
 
+# The tree measured, before this script writes its results into it (the binary's own git
+# describe is from configure time).
+describe=$(git describe --always --dirty 2>/dev/null || echo unknown)
 out=bench/results
 raw=$out/mpi_cluster  # not raw/: bench/report.sh empties that
 mkdir -p "$raw"
@@ -79,8 +82,6 @@ for ((round = 0; round < rounds; ++round)); do
   done
 done
 
-# The tree measured (the binary's own git describe is from configure time).
-describe=$(git describe --always --dirty 2>/dev/null || echo unknown)
 python3 - "$raw" "$out/mpi_cluster.md" "$describe" <<'EOF'
 import glob, json, os, re, statistics as st, sys
 raw, md, git = sys.argv[1], sys.argv[2], sys.argv[3]
