@@ -4,14 +4,13 @@
 /// `mirror::devices::Cluster<Local>`: W MPI processes ("workers"), each with the replicas of a
 /// local device; one `Strategy` spans them all.
 
-#include <chrono>
-#include <memory>
 #include <type_traits>
 #include <backends/mpi/mpi_group.hpp>
 #include <backends/mpi/communicator.hpp>
 #include <mirror/concepts/device.hpp>
 #include <mirror/config.hpp>
 #include <mirror/default_ops.hpp>
+#include <mirror/detail/lean_std.hpp>  // std::chrono durations, std::unique_ptr
 #include <mirror/detail/worker_group.hpp>
 #if MIRROR_HAS_NCCL
 #include <backends/nccl/nccl_all_reduce.hpp>  // devices::Cuda, ops::NcclAllReduce: Cluster<Cuda>'s ops

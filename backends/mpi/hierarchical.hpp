@@ -3,7 +3,6 @@
 /// \file
 /// `mirror::ops::Hierarchical<LocalOps, Cross>`: the all-reduce of `devices::Cluster`.
 
-#include <algorithm>
 #include <cstddef>
 #include <backends/mpi/cluster_device.hpp>
 #include <backends/mpi/mpi_all_reduce.hpp>
@@ -11,6 +10,7 @@
 #include <mirror/default_ops.hpp>
 #include <mirror/detail/collective.hpp>
 #include <mirror/detail/cross_worker.hpp>
+#include <mirror/detail/lean_std.hpp>  // std::copy
 #include <mirror/detail/segments.hpp>
 #include <mirror/reduce_op.hpp>
 
@@ -94,13 +94,13 @@ struct Hierarchical {
     E* staging = rt.template scratch<E>(0, s.total);
     std::size_t at = 0;
     for (std::size_t k = 0; k < s.leaves.size(); ++k) {
-      std::copy_n(s.leaves[k], s.sizes[k], staging + at);
+      std::copy(s.leaves[k], s.leaves[k] + s.sizes[k], staging + at);
       at += s.sizes[k];
     }
     cross.all_reduce(g, staging, s.total, detail::cross_op(op), checked);
     at = 0;
     for (std::size_t k = 0; k < s.leaves.size(); ++k) {
-      std::copy_n(staging + at, s.sizes[k], s.leaves[k]);
+      std::copy(staging + at, staging + at + s.sizes[k], s.leaves[k]);
       at += s.sizes[k];
     }
   }

@@ -5,10 +5,9 @@
 /// into libmirror_mpi (mpi_group.cpp), the only file that includes <mpi.h>; every MPI call of a
 /// worker happens on the group's one communication thread.
 
-#include <chrono>
 #include <exception>
-#include <memory>
 #include <backends/mpi/communicator.hpp>
+#include <mirror/detail/lean_std.hpp>  // std::chrono durations, std::unique_ptr
 #include <mirror/detail/worker_group.hpp>
 
 namespace mirror::mpi {
