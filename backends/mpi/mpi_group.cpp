@@ -156,9 +156,10 @@ struct group::impl {
   static constexpr std::chrono::microseconds idle_spin{100};
   // The caller spins (yielding) this long for its job before parking on the condition variable:
   // a yield hands the core to the communication thread as a park would, but the return costs
-  // no futex wake-up. Measured together with the unyielding poll below (2 workers x 1 replica,
-  // bench/mpi_cluster_bench, medians of 8 alternated pairs): 4 B 18 -> 9-13 us per call,
-  // 64 KiB 55-78 -> 37-56 us; either change alone moved neither.
+  // no futex wake-up. Measured together with wait()'s yield every 8th MPI_Test instead of every
+  // one (2 workers x 1 replica, bench/mpi_cluster_bench, no shape check, medians of 8 alternated
+  // pairs): 4 B 18 -> 9-13 us per call, 64 KiB 55-78 -> 37-56 us; either change alone moved
+  // neither.
   static constexpr std::chrono::microseconds caller_spin{100};
   // How long a wait polls MPI_Test without yielding (see wait()). 2 workers x 1 replica,
   // medians of 8 alternated pairs against the yield every 8 tests: 4 B 19.5 -> 11.4-12.2 us
