@@ -4,7 +4,12 @@
 //
 //   fashion_mnist [--epochs 10] [--replicas 2] [--batch-size 256] [--lr 0.1] [--momentum 0.9] [--seed 1]
 //                 [--policy default|reduction_to_one_device|hierarchical_copy]
-//                 [--data /usr/share/datasets/fashion-mnist] [--limit N] [--device threads|cluster]
+//                 [--data /usr/share/datasets/fashion-mnist] [--limit N] [--device threads|cuda|auto|cluster]
+//
+// --device cuda (CUDA builds) runs the replicas on devices::Cuda: the model's matrix work stays
+// on the CPU (each replica's host thread, as with threads) while the gradient all-reduce runs on
+// the GPUs through the ops policy (NcclAllReduce by default); --device auto picks cuda when a
+// GPU is visible and threads otherwise (mirror::cuda::device_count), like TF's CPU fallback.
 //
 // Multi-worker (MPI builds): `mpirun -np W --bind-to none fashion_mnist --device cluster
 // --replicas R` trains on W processes x R replicas (devices::Cluster<Threads>); every worker
@@ -76,8 +81,12 @@ constexpr const char* usage_text =
     "  --data DIR        folder of the IDX files (default /usr/share/datasets/fashion-mnist,\n"
     "                    from Debian's dataset-fashion-mnist package)\n"
     "  --limit N         train on the first N training images only (default: all)\n"
-    "  --device D        threads (default), or cluster: one worker of devices::Cluster<Threads>, launched\n"
-    "                    with mpirun -np W (MPI builds; --replicas is per worker, policy default)\n";
+    "  --device D        threads (default); cuda: replicas on GPUs, the all-reduce on the devices (CUDA\n"
+    "                    builds; R replicas over the largest number of visible GPUs that divides R, the\n"
+    "                    rest as logical devices, which the default NCCL policy refuses: pick another);\n"
+    "                    auto: cuda when a GPU is visible, else threads; cluster: one worker of\n"
+    "                    devices::Cluster<Threads>, launched with mpirun -np W (MPI builds; --replicas\n"
+    "                    is per worker, policy default)\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
   std::fprintf(stderr, "fashion_mnist: %s\n%s", msg.c_str(), usage_text);
@@ -133,9 +142,14 @@ Options parse(int argc, char** argv) {
       o.data = v;
     } else if (a == "--device") {
       o.device = v;
-      if (o.device != "threads" && o.device != "cluster") usage_error("unknown --device '" + o.device + "'");
+      if (o.device != "threads" && o.device != "cuda" && o.device != "auto" && o.device != "cluster") {
+        usage_error("unknown --device '" + o.device + "'");
+      }
 #if !MIRROR_HAS_MPI
       if (o.device == "cluster") usage_error("--device cluster needs a build with MPI (libopenmpi-dev)");
+#endif
+#if !MIRROR_HAS_CUDA
+      if (o.device == "cuda") usage_error("--device cuda needs a build with CUDA (nvcc found at configure time)");
 #endif
     } else {
       usage_error("unknown option '" + std::string(a) + "'");
@@ -302,10 +316,44 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
   return accuracy;
 }
 
+/// `--device auto`: cuda when this process sees a GPU (and was built with CUDA), else threads.
+std::string resolve_device(const std::string& device) {
+  if (device != "auto") return device;
+#if MIRROR_HAS_CUDA
+  if (mirror::cuda::device_count() > 0) return "cuda";
+#endif
+  return "threads";
+}
+
+#if MIRROR_HAS_CUDA
+/// R replicas on the GPUs: as many physical GPUs as possible (the largest count <= the visible
+/// GPUs that divides R), the rest as logical devices sharing them.
+mirror::devices::Cuda cuda_layout(int replicas) {
+  const int visible = std::max(1, mirror::cuda::device_count());
+  int gpus = std::min(visible, replicas);
+  while (replicas % gpus != 0) --gpus;
+  mirror::devices::Cuda d;
+  for (int g = 0; g < gpus; ++g) d.gpus.push_back(g);
+  d.replicas_per_gpu = replicas / gpus;
+  return d;
+}
+#endif
+
+/// Trains with the --policy on `device`'s replicas.
+template <class Device>
+double train_with_policy(const Options& o, const fm::split& train, const fm::split& test, const Device& device) {
+  if (o.policy == "reduction_to_one_device") {
+    return train_and_test<Device, mirror::ops::ReductionToOneDevice>(o, train, test, device);
+  }
+  if (o.policy == "hierarchical_copy") return train_and_test<Device, mirror::ops::HierarchicalCopy>(o, train, test, device);
+  return train_and_test<Device, mirror::default_ops_t<Device>>(o, train, test, device);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o = parse(argc, argv);
+  o.device = resolve_device(o.device);
   try {
     const fm::split train = fm::load_split(o.data, "train", o.limit, fm::gunzip);
     const fm::split test = fm::load_split(o.data, "t10k", 0, fm::gunzip);
@@ -314,7 +362,10 @@ int main(int argc, char** argv) {
                 "lr %g (cosine), global batch %zu on %d replica%s (%s), policy %s, seed %llu; %s\n",
                 train.rows, test.rows, o.data.c_str(), double(o.momentum), double(o.lr), o.batch_size, o.replicas,
                 o.replicas == 1 ? "" : "s",
-                o.device == "cluster" ? "per worker, devices::Cluster<Threads>" : "devices::Threads", o.policy.c_str(), static_cast<unsigned long long>(o.seed), gemm.c_str());
+                o.device == "cluster" ? "per worker, devices::Cluster<Threads>"
+                : o.device == "cuda"  ? "devices::Cuda, matrix work on the CPU"
+                                      : "devices::Threads",
+                o.policy.c_str(), static_cast<unsigned long long>(o.seed), gemm.c_str());
     std::fflush(stdout);
     double accuracy = 0;
     using mirror::devices::Threads;
@@ -324,12 +375,12 @@ int main(int argc, char** argv) {
       using Cluster = mirror::devices::Cluster<Threads>;
       accuracy = train_and_test<Cluster, mirror::default_ops_t<Cluster>>(o, train, test, Cluster{.local = threads});
 #endif
-    } else if (o.policy == "reduction_to_one_device") {
-      accuracy = train_and_test<Threads, mirror::ops::ReductionToOneDevice>(o, train, test, threads);
-    } else if (o.policy == "hierarchical_copy") {
-      accuracy = train_and_test<Threads, mirror::ops::HierarchicalCopy>(o, train, test, threads);
+    } else if (o.device == "cuda") {
+#if MIRROR_HAS_CUDA
+      accuracy = train_with_policy(o, train, test, cuda_layout(o.replicas));
+#endif
     } else {
-      accuracy = train_and_test<Threads, mirror::default_ops_t<Threads>>(o, train, test, threads);
+      accuracy = train_with_policy(o, train, test, threads);
     }
     if (chief) std::printf("test_accuracy=%.4f\n", accuracy);
     return 0;

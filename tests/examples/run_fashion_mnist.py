@@ -9,6 +9,10 @@
 2. When DATA_DIR lacks the data set, the test is SKIPPED (exit 77) with a loud message.
 3. Otherwise a short run (1 epoch on 6000 training images, 2 replicas, the full test set) must
    exit 0 with the last line exactly "test_accuracy=0.xxxx", above chance.
+4. --device auto (with a policy every device accepts) learns exactly what step 3 learned: on
+   threads where there is no GPU, on devices::Cuda where there is one (a sum of two replicas'
+   gradients has one rounding whatever device adds them). --device cuda trains where there is
+   a GPU and otherwise fails with the device's error (exit 1; exit 2 in builds without CUDA).
 """
 import os
 import re
@@ -52,13 +56,7 @@ def main(binary, data_dir):
     # 3. A short training run.
     cmd = [binary, '--data', data_dir, '--epochs', '1', '--limit', '6000', '--replicas', '2',
            '--batch-size', '64']
-    print('$', ' '.join(cmd), flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
-    sys.stdout.write(r.stdout)
-    sys.stdout.write(r.stderr)
-    if r.returncode != 0:
-        fail(f'exit {r.returncode}')
-    lines = r.stdout.rstrip('\n').split('\n')
+    lines = train(cmd)
     if not re.fullmatch(r'epoch 1/1  loss \d+\.\d{4}  train_accuracy \d\.\d{4}  samples/s \d+', lines[-2]):
         fail(f'unexpected epoch line: {lines[-2]!r}')
     m = re.fullmatch(r'test_accuracy=(\d\.\d{4})', lines[-1])
@@ -68,7 +66,43 @@ def main(binary, data_dir):
     if accuracy < 0.70:  # chance is 0.10; one epoch on 6000 images gives about 0.78
         fail(f'test accuracy {accuracy} after one short epoch: the model does not learn')
     print(f'ok: test accuracy {accuracy}')
+
+    # 4. Device selection.
+    auto = train(cmd + ['--device', 'auto', '--policy', 'reduction_to_one_device'])
+    device = re.search(r'\((devices::\w+)', auto[0])
+    if device is None:
+        fail(f'the first line does not name the device: {auto[0]!r}')
+    if not same_learning(lines, auto):
+        fail(f'--device auto ({device.group(1)}) learned something else than step 3:\n{lines[-2:]}\n{auto[-2:]}')
+    print(f'ok: --device auto ran on {device.group(1)} and learned the same')
+    r = subprocess.run(cmd + ['--device', 'cuda', '--limit', '600'], capture_output=True, text=True, timeout=110)
+    if r.returncode == 0:
+        print('--device cuda: trained on the GPU')
+    elif r.returncode == 1 and 'no usable CUDA device' in r.stderr:
+        print(f'--device cuda without a GPU: exit 1, the device\'s error: ok\n  {r.stderr.strip()}')
+    elif r.returncode == 2 and 'needs a build with CUDA' in r.stderr:
+        print(f'--device cuda in a build without CUDA: exit 2: ok\n  {r.stderr.strip().splitlines()[0]}')
+    else:
+        fail(f'--device cuda: exit {r.returncode}\n{r.stdout}{r.stderr}')
     return 0
+
+
+def train(cmd):
+    """Runs the trainer; its stdout lines (exit 0 required)."""
+    print('$', ' '.join(cmd), flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
+    sys.stdout.write(r.stdout)
+    sys.stdout.write(r.stderr)
+    if r.returncode != 0:
+        fail(f'exit {r.returncode}')
+    return r.stdout.rstrip('\n').split('\n')
+
+
+def same_learning(a, b):
+    """The same loss, train and test accuracy (the samples/s figure differs)."""
+    def strip(lines):
+        return [re.sub(r'  samples/s \d+', '', line) for line in lines[1:]]
+    return strip(a) == strip(b)
 
 
 if __name__ == '__main__':
