@@ -39,6 +39,7 @@
 #include <mirror/per_replica.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/replica_context.hpp>
+#include <mirror/detail/staged_argument.hpp>
 #include <mirror/synced.hpp>
 
 namespace mirror {
@@ -71,12 +72,9 @@ decltype(auto) hold_for_replica(A&& a, int r, Context& ctx) {
   }
 }
 
-/// The type replica r holds, and the lvalue fn receives.
-template <class A, class Context>
-using held_t = decltype(hold_for_replica(std::declval<A>(), 0, std::declval<Context&>()));
-template <class A, class Context>
-using passed_t = std::conditional_t<std::is_reference_v<held_t<A, Context>>, held_t<A, Context>,
-                                    held_t<A, Context>&>;
+/// The lvalue fn receives for what a replica holds (a reference, or a value held in run's frame).
+template <class H>
+using as_lvalue_t = std::conditional_t<std::is_reference_v<H>, H, H&>;
 
 }  // namespace detail
 
@@ -162,8 +160,11 @@ class Strategy {
   /// `fn(ctx, args...)` is well-formed. Replica i receives component i of a `PerReplica`
   /// argument (as `T&` for a non-const lvalue, else `const T&`), its copy of a `Mirrored`
   /// argument (`const T&`), a replica-local handle (a non-const lvalue) for a variable, and
-  /// every other argument itself, shared, as `const&`. `fn` is called from several threads at
-  /// once: it must not mutate captured state without synchronisation.
+  /// every other argument itself, shared, as `const&` — except on a device whose memory the
+  /// replicas' threads cannot read (`devices::Cuda`), where a shared nest of host arrays and
+  /// scalars is copied to each replica's device first and arrives as the same shape of device
+  /// views (architecture.md 2.7; mirror/detail/staged_argument.hpp). `fn` is called from
+  /// several threads at once: it must not mutate captured state without synchronisation.
   ///
   /// **Returns**: `void` if `fn` does; `Mirrored<T>` if `fn` returns `Synced<T>`; a tuple
   /// (`std::tuple`, `std::pair`, `boost::hana::tuple`) lifted element by element; otherwise
@@ -456,19 +457,36 @@ class Strategy {
     }(detail::leaf_types_t<T>{});
   }
 
+  /// What replica r's fn receives for argument a: `detail::hold_for_replica`, except that on a
+  /// device the replicas' threads cannot read, a shared host value is first copied to replica r's
+  /// device (architecture.md 2.7; mirror/detail/staged_argument.hpp).
+  template <class A>
+  decltype(auto) hold(A& a, int r, context_type& ctx, std::size_t& slot) {
+    using D = std::remove_cvref_t<A>;
+    if constexpr (!runtime_type::host_addressable && !detail::is_variable<D>::value && !detail::is_per_replica<D>::value &&
+                  !detail::is_mirrored<D>::value && detail::staged_on_device<D>) {
+      return detail::stage_to_device(rt_, r, std::as_const(a), slot);
+    } else {
+      return detail::hold_for_replica(a, r, ctx);
+    }
+  }
+
   template <class F, class... Args>
-  static decltype(auto) call_fn(F& fn, context_type& ctx, int r, Args&... args) {
-    [[maybe_unused]] std::tuple<detail::held_t<Args&, context_type>...> held(detail::hold_for_replica(args, r, ctx)...);
+  decltype(auto) call_fn(F& fn, context_type& ctx, int r, Args&... args) {
+    [[maybe_unused]] std::size_t slot = 0;
+    // Braced: the arguments are held (and staged) left to right.
+    [[maybe_unused]] std::tuple<decltype(hold(args, r, ctx, slot))...> held{hold(args, r, ctx, slot)...};
     (void)r;  // unused when fn takes no arguments
-    if constexpr (std::is_invocable_v<F&, context_type&, detail::passed_t<Args&, context_type>...>) {
+    if constexpr (std::is_invocable_v<F&, context_type&, detail::as_lvalue_t<decltype(hold(args, r, ctx, slot))>...>) {
       return std::apply([&](auto&... h) -> decltype(auto) { return fn(ctx, h...); }, held);
-    } else if constexpr (std::is_invocable_v<F&, detail::passed_t<Args&, context_type>...>) {
+    } else if constexpr (std::is_invocable_v<F&, detail::as_lvalue_t<decltype(hold(args, r, ctx, slot))>...>) {
       return std::apply([&](auto&... h) -> decltype(auto) { return fn(h...); }, held);
     } else {
       static_assert(sizeof(F) == 0,
                     "mirror::Strategy::run(fn, args...): fn must be callable as fn(ctx, args...) or "
                     "fn(args...), where a PerReplica<T> argument arrives as T&, a Mirrored<T> as "
-                    "const T&, a variable as a handle (auto&), and any other argument as const&");
+                    "const T&, a variable as a handle (auto&), and any other argument as const& (on "
+                    "devices::Cuda a shared nest of host arrays as its device views: auto&)");
     }
   }
 

@@ -55,6 +55,7 @@ struct replica_state {
   buffer combine_stage;                         // for combines the device cannot reach directly
   std::vector<buffer> staging;                  // host leaves copied to the device, by attach order
   std::size_t next_staging = 0, attached = 0;
+  std::vector<buffer> arguments;                // shared host arguments of run, by slot (kept)
 };
 
 struct state {
@@ -80,6 +81,7 @@ struct state {
       (void)cudaFree(rep.scratch.ptr);
       (void)cudaFree(rep.combine_stage.ptr);
       for (auto& b : rep.staging) (void)cudaFree(b.ptr);
+      for (auto& b : rep.arguments) (void)cudaFree(b.ptr);
       for (auto& e : rep.events) {
         if (e != nullptr) (void)cudaEventDestroy(e);
       }
@@ -272,6 +274,17 @@ void detach(state& s, int self, located dev, void* host, std::size_t bytes) {
     // The host reads its leaves as soon as the collective returns.
     check(cudaStreamSynchronize(me.stream), "cudaStreamSynchronize");
   }
+}
+
+located stage_argument(state& s, int self, std::size_t slot, const void* host, std::size_t bytes) {
+  replica_state& me = s.at(self);
+  if (me.arguments.size() <= slot) me.arguments.resize(slot + 1);
+  if (bytes == 0) return {nullptr, me.device};
+  buffer& b = me.arguments[slot];
+  grow(b, bytes, me.device, s, self);  // only this replica's stream reads it
+  check(cudaMemcpyAsync(b.ptr, host, bytes, cudaMemcpyHostToDevice, me.stream),
+        "cudaMemcpyAsync of a host argument of run to the device");
+  return {b.ptr, me.device};
 }
 
 located scratch(state& s, int self, std::size_t bytes) {

@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 #include <backends/cuda/device_ptr.hpp>
+#include <backends/cuda/device_span.hpp>
 #include <backends/cuda/element_type.hpp>
 #include <backends/threads/threads_runtime.hpp>
 #include <mirror/detail/exchanged.hpp>
@@ -68,6 +69,7 @@ void after_arrival(state&, int self);
 located attach(state&, int self, void* host, std::size_t bytes);
 void detach(state&, int self, located dev, void* host, std::size_t bytes);
 located scratch(state&, int self, std::size_t bytes);
+located stage_argument(state&, int self, std::size_t slot, const void* host, std::size_t bytes);
 void copy(state&, int self, located dst, located src, std::size_t bytes);
 void combine(state&, int self, ReduceOp op, element_type type, located dst, located src, std::size_t n,
              std::size_t element_bytes);
@@ -152,6 +154,18 @@ class runtime {
     const auto l = impl::scratch(*state_, self, n * sizeof(E));
     return {static_cast<E*>(l.ptr), l.device};
   }
+  /// run's copy of a shared host argument (architecture.md 2.7): fn receives this view of
+  /// `self`'s copy. The copy is enqueued on `self`'s stream before fn starts, into a buffer per
+  /// slot that later runs reuse (same stream, so a run's upload waits for the kernels of the
+  /// previous run that read the buffer); the host data may change as soon as run returns.
+  template <class E>
+  using view = device_span<E>;
+  template <class E>
+  view<const E> stage_argument(int self, std::size_t slot, std::span<const E> host) {
+    const auto l = impl::stage_argument(*state_, self, slot, host.data(), host.size_bytes());
+    return {static_cast<const E*>(l.ptr), host.size()};
+  }
+
   template <class E>
   void copy(int self, pointer<E> dst, pointer<E> src, std::size_t n) {
     if (n == 0 || dst == src) return;

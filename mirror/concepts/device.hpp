@@ -32,6 +32,12 @@
 /// - `static constexpr bool host_addressable`: true when `pointer<E>` is `E*` into memory every
 ///   replica's thread can read and write (policies such as the CPU chunk-owner all-reduce need it).
 ///
+/// - Optional, for runtimes that are not `host_addressable`: `template <class E> using view`
+///   and `rt.stage_argument<E>(self, slot, std::span<const E>)` → `view<const E>`, a copy of
+///   a host array on `self`'s device for `fn` to read (run copies shared host arguments this
+///   way, architecture.md 2.7; mirror/detail/staged_argument.hpp). Without them such arguments
+///   are a compile error naming this hook.
+///
 /// **Laws.** `exchange` returns the same span contents on every replica; `copy` then `combine`
 /// are equivalent to the host loop `p[i] = p[i] op q[i]` in element order.
 ///

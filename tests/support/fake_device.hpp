@@ -28,6 +28,13 @@ struct fake_pointer {
   fake_pointer operator+(std::size_t n) const noexcept { return {replica, block, index + n}; }
 };
 
+/// A read-only view of a host argument of run staged into one replica's arena.
+template <class E>
+struct fake_view {
+  fake_pointer<E> data;
+  std::size_t size = 0;
+};
+
 struct FakeDevice {
   int replicas = 4;
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
@@ -78,8 +85,34 @@ struct FakeDevice {
       detail::divide_all(resolve(p), n, count);
     }
 
-    /// Number of copies made (attach, detach, copy) since construction.
+    /// Run's staging of shared host arguments (architecture.md 2.7): one buffer per slot and
+    /// replica, kept and reused by later runs.
+    template <class E>
+    using view = fake_view<E>;
+    template <class E>
+    view<const E> stage_argument(int self, std::size_t slot, std::span<const E> host) {
+      arena_t& a = arena(self);
+      if (a.argument_blocks.size() <= slot) a.argument_blocks.resize(slot + 1, -1);
+      int& b = a.argument_blocks[slot];
+      if (b < 0 || a.sizes[static_cast<std::size_t>(b)] < host.size_bytes()) {
+        if (b >= 0) a.release(b);
+        b = a.allocate(host.size_bytes());
+        ++argument_buffers_;
+      }
+      std::memcpy(a.blocks[static_cast<std::size_t>(b)].get(), host.data(), host.size_bytes());
+      ++copies_;
+      return {{self, b, 0}, host.size()};
+    }
+    /// The elements behind a staged view (for tests: fn cannot dereference it).
+    template <class E>
+    std::span<const E> read(view<const E> v) {
+      return {resolve(v.data), v.size};
+    }
+
+    /// Number of copies made (attach, detach, copy, staging) since construction.
     long copies() const noexcept { return copies_.load(); }
+    /// Number of argument staging buffers allocated since construction.
+    long argument_buffers() const noexcept { return argument_buffers_.load(); }
 
    private:
     struct arena_t {
@@ -89,6 +122,7 @@ struct FakeDevice {
       std::vector<int> free_list;
       int next = 0;
       int scratch_block = -1;
+      std::vector<int> argument_blocks;  // by staging slot
       int allocate(std::size_t bytes) {
         int b;
         if (!free_list.empty()) {
@@ -108,12 +142,13 @@ struct FakeDevice {
     };
     arena_t& arena(int r) { return arenas_[static_cast<std::size_t>(r)]; }
     template <class E>
-    E* resolve(pointer<E> p) {
+    E* resolve(fake_pointer<E> p) {
       return reinterpret_cast<E*>(arena(p.replica).blocks[static_cast<std::size_t>(p.block)].get()) + p.index;
     }
 
     std::vector<arena_t> arenas_;
     std::atomic<long> copies_{0};
+    std::atomic<long> argument_buffers_{0};
   };
 };
 

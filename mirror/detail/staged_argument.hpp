@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Host arguments of run on devices whose memory the replicas' threads cannot read
+// (architecture.md 2.7: "a host value passed to run is copied to each replica's device once per
+// call").
+//
+// A shared argument (not a PerReplica, Mirrored or variable) whose structure is made of host
+// arrays, scalars and tuples/structs of them is copied, array by array, into per-replica device
+// buffers before fn starts, and fn receives the same structure with every host array replaced
+// by the runtime's read-only view of that replica's copy (`Rt::view<const E>`; on
+// devices::Cuda a `cuda::device_span<const E>`). Scalars stay host values (kernel arguments).
+// Containers keep their shape: std::tuple, std::pair, std::array and boost::hana::tuple map
+// member by member; a Hana struct S becomes a `staged_struct<S, ...>` whose members are read by
+// name, `v[BOOST_HANA_STRING("images")]` (C++ cannot rebuild S with other member types).
+//
+// Host arrays are leaves of rank >= 1 that are not device-resident (std::vector, std::array,
+// std::span, matrix views, user leaves) and std::span<const E> (not a leaf: collectives cannot
+// write it, but it is the natural way to pass read-only host data). An argument that holds
+// device memory, or anything that is not one of the shapes above, reaches fn as before (const&).
+
+#include <array>
+#include <boost/hana/accessors.hpp>
+#include <boost/hana/at.hpp>
+#include <boost/hana/first.hpp>
+#include <boost/hana/length.hpp>
+#include <boost/hana/second.hpp>
+#include <boost/hana/tuple.hpp>
+#include <boost/hana/unpack.hpp>
+#include <cstddef>
+#include <initializer_list>
+#include <span>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <mirror/concepts/nest.hpp>
+#include <mirror/detail/nest_walk.hpp>
+#include <mirror/leaf_traits.hpp>
+
+namespace mirror::detail {
+
+template <class T>
+struct is_const_host_span : std::false_type {};
+template <class E, std::size_t N>
+struct is_const_host_span<std::span<const E, N>> : std::bool_constant<std::is_arithmetic_v<E>> {};
+
+/// A run of host-readable elements that the staging copies: see the file comment.
+template <class T>
+concept host_array = is_const_host_span<T>::value ||
+                     (leaf<T> && leaf_traits<T>::rank >= 1 && !device_resident_leaf<T>);
+
+/// How T takes part in staging: 0 not at all (passed as is), 1 only scalars (nothing to copy:
+/// passed as is), 2 copied (at least one host array, everything else scalars or containers).
+template <class T>
+consteval int staging_kind() {
+  constexpr auto combine = [](std::initializer_list<int> kinds) {
+    int k = 1;
+    for (int m : kinds) {
+      if (m == 0) return 0;
+      k = m > k ? m : k;
+    }
+    return k;
+  };
+  if constexpr (host_array<T>) {
+    return 2;
+  } else if constexpr (std::is_arithmetic_v<T>) {
+    return 1;
+  } else if constexpr (is_std_tuple_like<T>::value) {
+    return []<std::size_t... I>(std::index_sequence<I...>, auto c) {
+      return c({staging_kind<std::remove_cvref_t<std::tuple_element_t<I, T>>>()...});
+    }(std::make_index_sequence<std::tuple_size_v<T>>{}, combine);
+  } else if constexpr (is_hana_tuple<T>::value) {
+    return []<class... Ts>(boost::hana::tuple<Ts...>*, auto c) {
+      return c({staging_kind<std::remove_cvref_t<Ts>>()...});
+    }(static_cast<T*>(nullptr), combine);
+  } else if constexpr (is_hana_struct<T>) {
+    return []<class... Ms>(type_list<Ms...>, auto c) {
+      return c({staging_kind<Ms>()...});
+    }(decltype(struct_member_types<T>()){}, combine);
+  } else {
+    return 0;
+  }
+}
+
+/// True when a shared argument of type T is copied to each replica's device by run.
+template <class T>
+inline constexpr bool staged_on_device = staging_kind<std::remove_cvref_t<T>>() == 2;
+
+/// Index of the member of Hana struct S called Name (a boost::hana::string type).
+template <class S, class Name>
+consteval std::size_t member_index() {
+  return boost::hana::unpack(boost::hana::accessors<S>(), [](auto... member) {
+    const bool match[] = {std::is_same_v<std::remove_cvref_t<decltype(boost::hana::first(member))>, Name>...};
+    std::size_t i = 0;
+    while (i < sizeof...(member) && !match[i]) ++i;
+    return i;
+  });
+}
+
+/// A Hana struct S as a replica's fn receives it on a device without host-readable memory: its
+/// members in declaration order, host arrays replaced by device views.
+template <class S, class... Ms>
+struct staged_struct {
+  std::tuple<Ms...> members;
+
+  /// The member called `name`: `v[BOOST_HANA_STRING("images")]`.
+  template <class Name>
+  constexpr const auto& operator[](Name) const noexcept {
+    constexpr std::size_t i = member_index<S, Name>();
+    static_assert(i < sizeof...(Ms), "mirror: the staged struct has no member of this name");
+    return std::get<i>(members);
+  }
+};
+
+/// Replica `self`'s device copy of host value x (see the file comment). `slot` numbers the host
+/// arrays of one run in a fixed order, so every run reuses the same per-replica buffers.
+template <class Rt, class T>
+auto stage_to_device(Rt& rt, int self, const T& x, std::size_t& slot) {
+  if constexpr (host_array<T>) {
+    using E = std::remove_const_t<typename decltype([] {
+      if constexpr (is_const_host_span<T>::value) {
+        return std::type_identity<typename T::element_type>{};
+      } else {
+        return std::type_identity<typename leaf_traits<T>::element_type>{};
+      }
+    }())::type>;
+    std::span<const E> host;
+    if constexpr (is_const_host_span<T>::value) {
+      host = x;
+    } else {
+      host = leaf_traits<T>::elements(x);
+    }
+    static_assert(requires { typename Rt::template view<const E>; },
+                  "mirror: this device's runtime cannot stage host arguments of run (it needs "
+                  "`template <class E> using view` and `stage_argument`; mirror/concepts/device.hpp)");
+    return rt.template stage_argument<E>(self, slot++, host);
+  } else if constexpr (std::is_arithmetic_v<T>) {
+    return x;
+  } else if constexpr (is_std_tuple_like<T>::value) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      if constexpr (requires { typename T::value_type; typename T::iterator; }) {
+        // std::array of nests
+        using U = decltype(stage_to_device(rt, self, std::get<0>(x), slot));
+        return std::array<U, sizeof...(I)>{{stage_to_device(rt, self, std::get<I>(x), slot)...}};
+      } else if constexpr (requires { typename T::first_type; typename T::second_type; }) {
+        return std::pair<decltype(stage_to_device(rt, self, x.first, slot)),
+                         decltype(stage_to_device(rt, self, x.second, slot))>{stage_to_device(rt, self, x.first, slot),
+                                                                              stage_to_device(rt, self, x.second, slot)};
+      } else {
+        // braced initialisation: the members are staged in order
+        return std::tuple<decltype(stage_to_device(rt, self, std::get<I>(x), slot))...>{
+            stage_to_device(rt, self, std::get<I>(x), slot)...};
+      }
+    }(std::make_index_sequence<std::tuple_size_v<T>>{});
+  } else if constexpr (is_hana_tuple<T>::value) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return boost::hana::tuple<decltype(stage_to_device(rt, self, boost::hana::at_c<I>(x), slot))...>{
+          stage_to_device(rt, self, boost::hana::at_c<I>(x), slot)...};
+    }(std::make_index_sequence<decltype(boost::hana::length(x))::value>{});
+  } else {
+    static_assert(is_hana_struct<T>);
+    return boost::hana::unpack(boost::hana::accessors<T>(), [&](auto... member) {
+      using staged = staged_struct<T, decltype(stage_to_device(rt, self, boost::hana::second(member)(x), slot))...>;
+      return staged{{stage_to_device(rt, self, boost::hana::second(member)(x), slot)...}};  // braced: in order
+    });
+  }
+}
+
+}  // namespace mirror::detail
