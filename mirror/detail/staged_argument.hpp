@@ -139,7 +139,7 @@ auto stage_to_device(Rt& rt, int self, const T& x, std::size_t& slot) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       if constexpr (requires { typename T::value_type; typename T::iterator; }) {
         // std::array of nests
-        using U = decltype(stage_to_device(rt, self, std::get<0>(x), slot));
+        using U = decltype(stage_to_device(rt, self, std::declval<const typename T::value_type&>(), slot));
         return std::array<U, sizeof...(I)>{{stage_to_device(rt, self, std::get<I>(x), slot)...}};
       } else if constexpr (requires { typename T::first_type; typename T::second_type; }) {
         return std::pair<decltype(stage_to_device(rt, self, x.first, slot)),

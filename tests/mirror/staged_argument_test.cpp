@@ -97,7 +97,10 @@ TEST_CASE("nests keep their shape: arrays become views, scalars stay values", "[
   const boost::hana::tuple<std::vector<double>, int> htup{{9.0, 8.0}, 7};
   const std::vector<double> backing{1.0, 2.0, 3.0};
   const std::span<const double> ro{backing};  // not a leaf (const), still staged
-  const std::array<std::pair<std::vector<float>, int>, 2> arr{{{{1.0f}, 1}, {{2.0f, 2.0f}, 2}}};
+  // With an empty std::array of nests beside it (nothing to stage there, but it keeps its type).
+  const std::tuple<std::array<std::pair<std::vector<float>, int>, 2>, std::array<std::tuple<std::vector<int>>, 0>> arr_and_empty{
+      {{{{1.0f}, 1}, {{2.0f, 2.0f}, 2}}}, {}};
+  const auto& arr = std::get<0>(arr_and_empty);
 
   std::mutex m;
   std::vector<std::vector<int>> tup_ints, batch_labels;
@@ -105,12 +108,15 @@ TEST_CASE("nests keep their shape: arrays become views, scalars stay values", "[
   std::vector<std::vector<double>> htup_doubles, ro_doubles, scalars;
   std::vector<bool> on_own_device;
   s.run(
-      [&](auto& ctx, const auto& t, const auto& b, const auto& h, const auto& sp, const auto& a) {
+      [&](auto& ctx, const auto& t, const auto& b, const auto& h, const auto& sp, const auto& ae) {
         static_assert(std::is_same_v<std::remove_cvref_t<decltype(t)>,
                                      std::tuple<view<const int>, double, view<const float>>>);
         static_assert(std::is_same_v<std::remove_cvref_t<decltype(h)>, boost::hana::tuple<view<const double>, int>>);
         static_assert(std::is_same_v<std::remove_cvref_t<decltype(sp)>, view<const double>>);
-        static_assert(std::is_same_v<std::remove_cvref_t<decltype(a)>, std::array<std::pair<view<const float>, int>, 2>>);
+        static_assert(std::is_same_v<std::remove_cvref_t<decltype(ae)>,
+                                     std::tuple<std::array<std::pair<view<const float>, int>, 2>,
+                                                std::array<std::tuple<view<const int>>, 0>>>);
+        const auto& a = std::get<0>(ae);
         const auto& images = b[BOOST_HANA_STRING("images")];
         const auto& labels = b[BOOST_HANA_STRING("labels")];
         const float scale = b[BOOST_HANA_STRING("scale")];
@@ -137,7 +143,7 @@ TEST_CASE("nests keep their shape: arrays become views, scalars stay values", "[
         ro_doubles.push_back(to_vec(sp));
         arr1.push_back(to_vec(a[1].first));
       },
-      tup, batch, htup, ro, arr);
+      tup, batch, htup, ro, arr_and_empty);
   REQUIRE(tup_ints.size() == replicas);
   for (int r = 0; r < replicas; ++r) {
     const auto i = static_cast<std::size_t>(r);
