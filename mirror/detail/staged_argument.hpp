@@ -48,6 +48,16 @@ template <class T>
 concept host_array = is_const_host_span<T>::value ||
                      (leaf<T> && leaf_traits<T>::rank >= 1 && !device_resident_leaf<T>);
 
+/// The elements of host array x, read-only.
+template <host_array T>
+auto host_elements(const T& x) {
+  if constexpr (is_const_host_span<T>::value) {
+    return std::span<const typename T::element_type>(x);
+  } else {
+    return std::span<const typename leaf_traits<T>::element_type>(leaf_traits<T>::elements(x));
+  }
+}
+
 /// How T takes part in staging: 0 not at all (passed as is), 1 only scalars (nothing to copy:
 /// passed as is), 2 copied (at least one host array, everything else scalars or containers).
 template <class T>
@@ -116,19 +126,8 @@ struct staged_struct {
 template <class Rt, class T>
 auto stage_to_device(Rt& rt, int self, const T& x, std::size_t& slot) {
   if constexpr (host_array<T>) {
-    using E = std::remove_const_t<typename decltype([] {
-      if constexpr (is_const_host_span<T>::value) {
-        return std::type_identity<typename T::element_type>{};
-      } else {
-        return std::type_identity<typename leaf_traits<T>::element_type>{};
-      }
-    }())::type>;
-    std::span<const E> host;
-    if constexpr (is_const_host_span<T>::value) {
-      host = x;
-    } else {
-      host = leaf_traits<T>::elements(x);
-    }
+    const auto host = host_elements(x);
+    using E = std::remove_const_t<typename decltype(host)::element_type>;
     static_assert(requires { typename Rt::template view<const E>; },
                   "mirror: this device's runtime cannot stage host arguments of run (it needs "
                   "`template <class E> using view` and `stage_argument`; mirror/concepts/device.hpp)");
