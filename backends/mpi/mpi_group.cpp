@@ -194,7 +194,14 @@ struct group::impl {
   // program posting its own MPI_Iallreduce in that instant could get the ring on one worker
   // only; that needs MPI calls concurrent with mirror's, which the calling rules already
   // restrict to MPI_THREAD_MULTIPLE programs.
+  // With 2 workers the ring already wins from 4 KiB: binomial sends the whole buffer, which from
+  // 4 KiB no longer fits Open MPI's shared-memory eager limit, the ring sends halves (raw MPI,
+  // 2 ranks, alternated in one process: 4 KiB 7.0-7.3 us binomial, 1.6 us ring, 1.2-1.3 us
+  // blocking; 2 KiB 1.2-2.0 / 1.3-2.1 us, no gain). Two operands combine to the same bits in
+  // either order, so for 2 workers the switch changes no result; with more it changes the
+  // order of the sum, so they keep libnbc's own 64 KiB.
   static constexpr std::size_t ring_threshold_bytes = 64 * 1024;
+  static constexpr std::size_t two_worker_ring_threshold_bytes = 4 * 1024;
   struct libnbc_algorithm {
     bool usable = false;
     bool t_initialised = false;
@@ -366,7 +373,8 @@ struct group::impl {
       ++sequence;
       MPI_Request request = MPI_REQUEST_NULL;
       if (j.kind == job::reduce) {
-        const bool ring = ring_algorithm.usable && j.count * j.element.bytes >= ring_threshold_bytes;
+        const std::size_t ring_from = W == 2 ? two_worker_ring_threshold_bytes : ring_threshold_bytes;
+        const bool ring = ring_algorithm.usable && j.count * j.element.bytes >= ring_from;
         if (ring) ring_algorithm.set(1);
         const int code = MPI_Iallreduce(MPI_IN_PLACE, j.data, static_cast<int>(j.count), datatype_of(j.element),
                                         op_of(j.op), data, &request);

@@ -127,7 +127,8 @@ TEST_CASE("cluster: random floats: the same bits on every worker and run after r
   // bitwise the hierarchical serial loop; beyond, it is within rounding of it — and in every
   // case the same bits on every worker and in every run. 100003 floats (>= 64 KiB) take libnbc's
   // ring (mpi_group.cpp), whose per-segment order is not worker order for W = 3: there only
-  // within rounding of the serial loop (W = 2 is one addition either way).
+  // within rounding of the serial loop (W = 2 is one addition either way, and with 2 workers the
+  // 4099 floats, >= 4 KiB, take the ring too: still the serial loop's bits).
   const int W = world_size();
   const int R = 2, N = W * R;
   Strategy& s = strategy_with(R);
