@@ -463,8 +463,15 @@ class Strategy {
   template <class A>
   decltype(auto) hold(A& a, int r, context_type& ctx, std::size_t& slot) {
     using D = std::remove_cvref_t<A>;
-    if constexpr (!runtime_type::host_addressable && !detail::is_variable<D>::value && !detail::is_per_replica<D>::value &&
-                  !detail::is_mirrored<D>::value && detail::staged_on_device<D>) {
+    constexpr bool shared_host_value = !runtime_type::host_addressable && !detail::is_variable<D>::value &&
+                                       !detail::is_per_replica<D>::value && !detail::is_mirrored<D>::value;
+    static_assert(!(shared_host_value && detail::staging_refused<D>),
+                  "mirror::Strategy::run: a shared argument holds host arrays beside members that cannot be "
+                  "copied to the replicas' devices (only arrays, arithmetic values, enums, pointers and "
+                  "tuples/pairs/arrays/Hana structs of them can), so part of it would stay in host memory; "
+                  "pass the other members in a separate argument, or wrap the value in a plain struct to "
+                  "pass it to fn as it is (mirror/detail/staged_argument.hpp)");
+    if constexpr (shared_host_value && detail::staged_on_device<D>) {
       return detail::stage_to_device(rt_, r, std::as_const(a), slot);
     } else {
       return detail::hold_for_replica(a, r, ctx);

@@ -280,10 +280,23 @@ located stage_argument(state& s, int self, std::size_t slot, const void* host, s
   replica_state& me = s.at(self);
   if (me.arguments.size() <= slot) me.arguments.resize(slot + 1);
   if (bytes == 0) return {nullptr, me.device};
+  cudaPointerAttributes attributes{};
+  check(cudaPointerGetAttributes(&attributes, host), "cudaPointerGetAttributes");
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
+    // A std::span over device or managed memory: already readable by the device, viewed in
+    // place (a host-to-device copy from it would be undefined).
+    return {const_cast<void*>(host), attributes.device};
+  }
   buffer& b = me.arguments[slot];
   grow(b, bytes, me.device, s, self);  // only this replica's stream reads it
   check(cudaMemcpyAsync(b.ptr, host, bytes, cudaMemcpyHostToDevice, me.stream),
         "cudaMemcpyAsync of a host argument of run to the device");
+  if (attributes.type == cudaMemoryTypeHost) {
+    // From pinned memory the copy is truly asynchronous: wait for it, so the program may change
+    // or free the host data once run returns (from pageable memory cudaMemcpyAsync returns only
+    // after it has read the source).
+    check(cudaStreamSynchronize(me.stream), "cudaStreamSynchronize after a host argument of run");
+  }
   return {b.ptr, me.device};
 }
 

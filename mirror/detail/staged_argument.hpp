@@ -14,9 +14,17 @@
 // name, `v[BOOST_HANA_STRING("images")]` (C++ cannot rebuild S with other member types).
 //
 // Host arrays are leaves of rank >= 1 that are not device-resident (std::vector, std::array,
-// std::span, matrix views, user leaves) and std::span<const E> (not a leaf: collectives cannot
-// write it, but it is the natural way to pass read-only host data). An argument that holds
-// device memory, or anything that is not one of the shapes above, reaches fn as before (const&).
+// std::span, matrix and matrix_view, user leaves), std::span<const E> and matrix_view<const E>
+// (not leaves: collectives cannot write them, but they are the natural way to pass read-only
+// host data). A 2-D array arrives flat, rows * cols elements row-major: pass cols beside it.
+// Scalars are arithmetic values, enums and pointers (passed as they are). An argument that
+// holds device memory, or anything that is not one of the shapes above, reaches fn as before
+// (const&); a nest that mixes host arrays with such members is a compile error (staging_kind
+// 3), because half of it would silently stay on the host.
+//
+// The views are valid while fn runs: the next run of the strategy copies its arguments into
+// the same buffers (and frees a buffer that must grow), so fn must not return them or keep
+// them beyond its call.
 
 #include <array>
 #include <boost/hana/accessors.hpp>
@@ -35,44 +43,59 @@
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/leaf_traits.hpp>
+#include <mirror/matrix.hpp>
 
 namespace mirror::detail {
 
+/// Read-only host views that are not leaves (collectives cannot write through them).
 template <class T>
-struct is_const_host_span : std::false_type {};
+struct is_const_host_view : std::false_type {};
 template <class E, std::size_t N>
-struct is_const_host_span<std::span<const E, N>> : std::bool_constant<std::is_arithmetic_v<E>> {};
+struct is_const_host_view<std::span<const E, N>> : std::bool_constant<std::is_arithmetic_v<E>> {};
+template <class E>
+struct is_const_host_view<matrix_view<const E>> : std::bool_constant<std::is_arithmetic_v<E>> {};
 
 /// A run of host-readable elements that the staging copies: see the file comment.
 template <class T>
-concept host_array = is_const_host_span<T>::value ||
+concept host_array = is_const_host_view<T>::value ||
                      (leaf<T> && leaf_traits<T>::rank >= 1 && !device_resident_leaf<T>);
 
-/// The elements of host array x, read-only.
+/// A value that reaches fn as it is inside a staged nest.
+template <class T>
+concept staging_scalar = std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_pointer_v<T>;
+
+/// The elements of host array x, read-only (a matrix row-major, rows * cols of them).
+template <class E, std::size_t N>
+std::span<const E> host_elements(const std::span<const E, N>& x) noexcept {
+  return x;
+}
+template <class E>
+std::span<const E> host_elements(const matrix_view<const E>& x) noexcept {
+  return x.data;
+}
 template <host_array T>
+  requires(!is_const_host_view<T>::value)
 auto host_elements(const T& x) {
-  if constexpr (is_const_host_span<T>::value) {
-    return std::span<const typename T::element_type>(x);
-  } else {
-    return std::span<const typename leaf_traits<T>::element_type>(leaf_traits<T>::elements(x));
-  }
+  return std::span<const typename leaf_traits<T>::element_type>(leaf_traits<T>::elements(x));
 }
 
 /// How T takes part in staging: 0 not at all (passed as is), 1 only scalars (nothing to copy:
-/// passed as is), 2 copied (at least one host array, everything else scalars or containers).
+/// passed as is), 2 copied (at least one host array, everything else scalars or containers),
+/// 3 refused (host arrays beside members that cannot be staged).
 template <class T>
 consteval int staging_kind() {
   constexpr auto combine = [](std::initializer_list<int> kinds) {
     int k = 1;
+    bool opaque = false;
     for (int m : kinds) {
-      if (m == 0) return 0;
+      opaque = opaque || m == 0;
       k = m > k ? m : k;
     }
-    return k;
+    return !opaque ? k : k >= 2 ? 3 : 0;
   };
   if constexpr (host_array<T>) {
     return 2;
-  } else if constexpr (std::is_arithmetic_v<T>) {
+  } else if constexpr (staging_scalar<T>) {
     return 1;
   } else if constexpr (is_std_tuple_like<T>::value) {
     return []<std::size_t... I>(std::index_sequence<I...>, auto c) {
@@ -94,6 +117,11 @@ consteval int staging_kind() {
 /// True when a shared argument of type T is copied to each replica's device by run.
 template <class T>
 inline constexpr bool staged_on_device = staging_kind<std::remove_cvref_t<T>>() == 2;
+
+/// True when T holds host arrays beside members that cannot be staged (run refuses it on a
+/// device without host-readable memory: see the file comment).
+template <class T>
+inline constexpr bool staging_refused = staging_kind<std::remove_cvref_t<T>>() == 3;
 
 /// Index of the member of Hana struct S called Name (a boost::hana::string type).
 template <class S, class Name>
@@ -132,7 +160,7 @@ auto stage_to_device(Rt& rt, int self, const T& x, std::size_t& slot) {
                   "mirror: this device's runtime cannot stage host arguments of run (it needs "
                   "`template <class E> using view` and `stage_argument`; mirror/concepts/device.hpp)");
     return rt.template stage_argument<E>(self, slot++, host);
-  } else if constexpr (std::is_arithmetic_v<T>) {
+  } else if constexpr (staging_scalar<T>) {
     return x;
   } else if constexpr (is_std_tuple_like<T>::value) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // devices::Cuda on a real GPU: device leaves reduced in place, errors, NCCL's refusal.
 #include <catch2/catch.hpp>
+#include <cuda_runtime_api.h>  // pinned and device memory for the staging cases
 #include <atomic>
 #include <cstdint>
 #include <span>
@@ -167,15 +168,21 @@ TEST_CASE("cuda: half and bfloat16 device spans are reduced by the kernels", "[c
 
 TEST_CASE("cuda: a shared host argument of run reaches each replica as a view of its own device copy",
           "[cuda][device][staged]") {
-  // architecture.md 2.7: copied once per call; the views are read back here with a synchronous
-  // device-to-host copy (which waits for the replica's stream).
+  // architecture.md 2.7: copied once per call, into a buffer per replica; the views are read
+  // back inside fn with a synchronous device-to-host copy (which waits for the replica's stream).
   mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 2}};
   std::vector<float> table(1000);
   for (std::size_t i = 0; i < table.size(); ++i) table[i] = float(i) * 0.5f;
   const std::tuple<std::vector<int>, float> pair{{1, 2, 3}, 4.0f};
-  for (int round = 0; round < 2; ++round) {
+  // Round 2 grows the table: the buffers are freed and reallocated (grow waits for the stream).
+  for (int round = 0; round < 3; ++round) {
+    if (round == 2) {
+      table.resize(50000);
+      for (std::size_t i = 0; i < table.size(); ++i) table[i] = float(i % 977) - 3.0f;
+    }
     std::vector<std::vector<float>> seen(2);
     std::vector<std::vector<int>> seen_ints(2);
+    std::vector<const void*> where(2);
     std::vector<float> scalars(2);
     s.run(
         [&](auto& ctx, mirror::cuda::device_span<const float> t, const std::tuple<mirror::cuda::device_span<const int>, float>& p) {
@@ -183,6 +190,7 @@ TEST_CASE("cuda: a shared host argument of run reaches each replica as a view of
           const int r = ctx.replica_id_in_sync_group();
           auto& mine = seen[static_cast<std::size_t>(r)];
           mine.resize(t.size);
+          where[static_cast<std::size_t>(r)] = t.data;
           mirror::cuda::impl::buffer_download(s.runtime().device_of(r), mine.data(), t.data, t.size * sizeof(float));
           auto& ints = seen_ints[static_cast<std::size_t>(r)];
           ints.resize(std::get<0>(p).size);
@@ -191,9 +199,44 @@ TEST_CASE("cuda: a shared host argument of run reaches each replica as a view of
                                               ints.size() * sizeof(int));
         },
         table, pair);
+    REQUIRE(where[0] != where[1]);  // one copy per replica, even on the same GPU
     for (const auto& v : seen) REQUIRE(v == table);
     for (const auto& v : seen_ints) REQUIRE(v == std::get<0>(pair));
     REQUIRE(scalars == std::vector<float>{4.0f, 4.0f});
     for (float& x : table) x += 1.0f;  // the next run sees the new values
   }
+}
+
+TEST_CASE("cuda: staging from pinned memory is complete when run returns; device memory is viewed in place",
+          "[cuda][device][staged]") {
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 2}};
+  constexpr std::size_t n = 1 << 22;  // 16 MiB: long enough for an unawaited copy to still be running
+  float* pinned = nullptr;
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), n * sizeof(float)) == cudaSuccess);
+  for (std::size_t i = 0; i < n; ++i) pinned[i] = float(i % 1021);
+  std::vector<const float*> where(2);
+  s.run([&](auto& ctx, mirror::cuda::device_span<const float> t) { where[static_cast<std::size_t>(ctx.replica_id_in_sync_group())] = t.data; },
+        std::span<const float>(pinned, n));
+  // run has returned: the program may overwrite its pinned data at once. (The buffers stay
+  // intact until the strategy's next run, so the copies can be read back here.)
+  for (std::size_t i = 0; i < n; ++i) pinned[i] = -1.0f;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<float> back(n);
+    mirror::cuda::impl::buffer_download(s.runtime().device_of(r), back.data(), where[static_cast<std::size_t>(r)],
+                                        n * sizeof(float));
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += back[i] != float(i % 1021);
+    REQUIRE(wrong == 0);
+  }
+  REQUIRE(cudaFreeHost(pinned) == cudaSuccess);
+
+  // A std::span over device memory is already readable by the device: no copy.
+  float* device = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&device), 64 * sizeof(float)) == cudaSuccess);
+  std::vector<const float*> seen(2);
+  s.run([&](auto& ctx, mirror::cuda::device_span<const float> t) { seen[static_cast<std::size_t>(ctx.replica_id_in_sync_group())] = t.data; },
+        std::span<const float>(device, 64));
+  REQUIRE(seen[0] == device);
+  REQUIRE(seen[1] == device);
+  REQUIRE(cudaFree(device) == cudaSuccess);
 }

@@ -37,15 +37,19 @@ struct Settings {  // scalars only: nothing to copy
 
 constexpr int replicas = 3;
 
-// What each replica received, read back through the runtime after run.
+enum class Mode { train, eval };
+
+// A Hana struct with an enum and a pointer beside its arrays: both pass as scalars.
+struct Step {
+  BOOST_HANA_DEFINE_STRUCT(Step, (std::vector<float>, weights), (Mode, mode), (const int*, counter));
+};
+
+// The elements behind a staged view, read while fn runs: the views are valid only during the
+// call (the next run reuses the buffers).
 template <class E>
-std::vector<std::vector<E>> contents(Strategy& s, const std::vector<view<const E>>& views) {
-  std::vector<std::vector<E>> out;
-  for (const auto& v : views) {
-    const auto e = s.runtime().read(v);
-    out.emplace_back(e.begin(), e.end());
-  }
-  return out;
+std::vector<std::remove_const_t<E>> elements_of(Strategy& s, const view<E>& v) {
+  const auto e = s.runtime().read(v);
+  return {e.begin(), e.end()};
 }
 
 }  // namespace
@@ -53,41 +57,86 @@ std::vector<std::vector<E>> contents(Strategy& s, const std::vector<view<const E
 TEST_CASE("a shared std::vector reaches every replica as a view of its own device copy", "[staged]") {
   Strategy s{FakeDevice{.replicas = replicas}};
   const std::vector<float> table{1.5f, -2.0f, 3.25f, 4.0f};
-  std::vector<view<const float>> seen(replicas);
+  std::vector<int> on_replica(replicas, -1);
+  std::vector<std::vector<float>> got(replicas);
   const long copies_before = s.runtime().copies();
   s.run(
       [&](auto& ctx, const auto& t) {
         static_assert(std::is_same_v<std::remove_cvref_t<decltype(t)>, view<const float>>);
-        seen[static_cast<std::size_t>(ctx.replica_id_in_sync_group())] = t;
+        const auto r = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+        on_replica[r] = t.data.replica;
+        got[r] = elements_of(s, t);
       },
       table);
   CHECK(s.runtime().copies() - copies_before == replicas);  // once per replica per call
   for (int r = 0; r < replicas; ++r) {
-    CHECK(seen[static_cast<std::size_t>(r)].data.replica == r);  // on that replica's device
-    CHECK(seen[static_cast<std::size_t>(r)].size == table.size());
+    CHECK(on_replica[static_cast<std::size_t>(r)] == r);  // on that replica's device
+    CHECK(got[static_cast<std::size_t>(r)] == table);
   }
-  for (const auto& c : contents(s, seen)) CHECK(c == table);
 }
 
 TEST_CASE("later runs reuse the staging buffers and see the new host values", "[staged]") {
   Strategy s{FakeDevice{.replicas = replicas}};
   std::vector<int> values{1, 2, 3};
-  std::vector<view<const int>> seen(replicas);
-  auto grab = [&](auto& ctx, const view<const int>& v) { seen[static_cast<std::size_t>(ctx.replica_id_in_sync_group())] = v; };
+  std::vector<std::vector<int>> got(replicas);
+  auto grab = [&](auto& ctx, const view<const int>& v) {
+    got[static_cast<std::size_t>(ctx.replica_id_in_sync_group())] = elements_of(s, v);
+  };
   s.run(grab, values);
+  for (const auto& c : got) CHECK(c == values);
   const long buffers = s.runtime().argument_buffers();
   CHECK(buffers == replicas);
   values = {7, 8, 9};
   s.run(grab, values);
   CHECK(s.runtime().argument_buffers() == buffers);  // same size: no new buffer
-  for (const auto& c : contents(s, seen)) CHECK(c == values);
+  for (const auto& c : got) CHECK(c == values);
   values.assign(1000, 5);
   s.run(grab, values);
   CHECK(s.runtime().argument_buffers() == 2 * buffers);  // grown once per replica
-  for (const auto& c : contents(s, seen)) CHECK(c == values);
+  for (const auto& c : got) CHECK(c == values);
   values.clear();
   s.run(grab, values);
-  for (const auto& v : seen) CHECK(v.size == 0);
+  for (const auto& c : got) CHECK(c.empty());
+}
+
+TEST_CASE("matrices and matrix views arrive flat; enums and pointers pass as scalars", "[staged]") {
+  Strategy s{FakeDevice{.replicas = replicas}};
+  const mirror::matrix<float> m{{1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f}, 3};
+  const mirror::matrix_view<const float> rows = m.view().subrows(1, 1);  // {4, 5, 6}: not a leaf, still staged
+  const int counter = 42;
+  const Step step{{0.5f, -0.5f}, Mode::eval, &counter};
+  std::mutex mu;
+  std::vector<std::vector<float>> whole, second_row, weights;
+  std::vector<int> modes_ok, pointers_ok;
+  s.run(
+      [&](auto& ctx, const auto& mat, const auto& row, const auto& st) {
+        static_assert(std::is_same_v<std::remove_cvref_t<decltype(mat)>, view<const float>>);
+        static_assert(std::is_same_v<std::remove_cvref_t<decltype(row)>, view<const float>>);
+        const auto& w = st[BOOST_HANA_STRING("weights")];
+        static_assert(std::is_same_v<std::remove_cvref_t<decltype(w)>, view<const float>>);
+        const int r = ctx.replica_id_in_sync_group();
+        std::lock_guard lock(mu);
+        whole.push_back(elements_of(s, mat));
+        second_row.push_back(elements_of(s, row));
+        weights.push_back(elements_of(s, w));
+        modes_ok.push_back(st[BOOST_HANA_STRING("mode")] == Mode::eval && mat.data.replica == r && w.data.replica == r);
+        pointers_ok.push_back(st[BOOST_HANA_STRING("counter")] == &counter);
+      },
+      m, rows, step);
+  REQUIRE(whole.size() == replicas);
+  for (std::size_t i = 0; i < replicas; ++i) {
+    CHECK(whole[i] == m.data);  // rows * cols, row-major
+    CHECK(second_row[i] == std::vector<float>{4.0f, 5.0f, 6.0f});
+    CHECK(weights[i] == step.weights);
+    CHECK(modes_ok[i] == 1);
+    CHECK(pointers_ok[i] == 1);
+  }
+  // What decides staging, at compile time.
+  static_assert(mirror::detail::staged_on_device<mirror::matrix_view<const float>>);
+  static_assert(mirror::detail::staged_on_device<Step>);
+  static_assert(mirror::detail::staging_refused<std::tuple<std::vector<float>, std::string>>);
+  static_assert(!mirror::detail::staged_on_device<std::tuple<Mode, int>>);  // scalars only: as is
+  static_assert(!mirror::detail::staged_on_device<std::string>);
 }
 
 TEST_CASE("nests keep their shape: arrays become views, scalars stay values", "[staged]") {
