@@ -69,7 +69,9 @@ struct state {
   int bind_replica = -1;
 
   bool reaches(int from, int to) const noexcept {
-    return from == to || peer[static_cast<std::size_t>(from * (max_ordinal + 1) + to)] != 0;
+    if (from == to) return true;
+    if (from < 0 || to < 0 || from > max_ordinal || to > max_ordinal) return false;  // a GPU the strategy does not use
+    return peer[static_cast<std::size_t>(from * (max_ordinal + 1) + to)] != 0;
   }
   replica_state& at(int r) { return replicas[static_cast<std::size_t>(r)]; }
 
@@ -282,21 +284,27 @@ located stage_argument(state& s, int self, std::size_t slot, const void* host, s
   if (bytes == 0) return {nullptr, me.device};
   cudaPointerAttributes attributes{};
   check(cudaPointerGetAttributes(&attributes, host), "cudaPointerGetAttributes");
-  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
-    // A std::span over device or managed memory: already readable by the device, viewed in
-    // place (a host-to-device copy from it would be undefined).
+  const bool on_device = attributes.type == cudaMemoryTypeDevice;
+  if (attributes.type == cudaMemoryTypeManaged || (on_device && s.reaches(me.device, attributes.device))) {
+    // A std::span over managed memory, or over device memory this replica's GPU can read (its
+    // own, or a peer's with access enabled): viewed in place (a host-to-device copy from it
+    // would be undefined).
     return {const_cast<void*>(host), attributes.device};
   }
   buffer& b = me.arguments[slot];
   grow(b, bytes, me.device, s, self);  // only this replica's stream reads it
-  check(cudaMemcpyAsync(b.ptr, host, bytes, cudaMemcpyHostToDevice, me.stream),
-        "cudaMemcpyAsync of a host argument of run to the device");
-  if (attributes.type == cudaMemoryTypeHost) {
-    // From pinned memory the copy is truly asynchronous: wait for it, so the program may change
-    // or free the host data once run returns (from pageable memory cudaMemcpyAsync returns only
-    // after it has read the source).
-    check(cudaStreamSynchronize(me.stream), "cudaStreamSynchronize after a host argument of run");
+  if (on_device) {
+    // Another GPU's memory this one cannot address: copied over, like a host array.
+    check(cudaMemcpyPeerAsync(b.ptr, me.device, host, attributes.device, bytes, me.stream),
+          "cudaMemcpyPeerAsync of a device argument of run to the replica's GPU");
+  } else {
+    check(cudaMemcpyAsync(b.ptr, host, bytes, cudaMemcpyHostToDevice, me.stream),
+          "cudaMemcpyAsync of a host argument of run to the device");
   }
+  // Wait for the copy, so the program may change or free the source once run returns: from
+  // pinned memory (and from pageable memory where the device reads it directly, HMM/ATS) the
+  // copy is asynchronous, and CUDA documents the pageable case only as "might be synchronous".
+  check(cudaStreamSynchronize(me.stream), "cudaStreamSynchronize after an argument of run");
   return {b.ptr, me.device};
 }
 

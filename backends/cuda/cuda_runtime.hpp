@@ -157,10 +157,11 @@ class runtime {
   /// run's copy of a shared host argument (architecture.md 2.7): fn receives this view of
   /// `self`'s copy. The copy is enqueued on `self`'s stream before fn starts, into a buffer per
   /// slot that later runs reuse (same stream, so a run's upload waits for the kernels of the
-  /// previous run that read the buffer). The host data may change as soon as run returns (from
-  /// pinned memory the copy is waited for; from pageable memory cudaMemcpyAsync returns after
-  /// reading it). A span over device or managed memory is viewed in place, not copied. The view
-  /// is valid while fn runs: the next run reuses (or, to grow it, frees) the buffer.
+  /// previous run that read the buffer). The copy is waited for (with the replica's earlier
+  /// work on its stream), so the host data may change as soon as run returns. A span over
+  /// managed memory, or over device memory the replica's GPU can address, is viewed in place;
+  /// another GPU's memory without peer access is copied over. The view is valid while fn runs:
+  /// the next run reuses (or, to grow it, frees) the buffer.
   template <class E>
   using view = device_span<E>;
   template <class E>

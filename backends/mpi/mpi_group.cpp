@@ -214,8 +214,8 @@ struct group::impl {
   // threshold) the communication thread selects the ring through the MPI_T control variable
   // `coll_libnbc_iallreduce_algorithm` for the one call that posts the collective, and puts
   // `ignore` back — only where the variable exists, is settable and nobody chose a value (an
-  // `--mca` setting wins). Every worker decides alike (the count is checked equal), so the
-  // schedules match. The choice is read when a collective is posted: another thread of the
+  // `--mca` setting wins). Every worker decides alike (the count is checked equal, and the
+  // construction agrees whether every worker can set the variable), so the schedules match. The choice is read when a collective is posted: another thread of the
   // program posting its own MPI_Iallreduce in that instant could get the ring on one worker
   // only; that needs MPI calls concurrent with mirror's, which the calling rules already
   // restrict to MPI_THREAD_MULTIPLE programs.
@@ -717,14 +717,19 @@ group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
   // Equal R everywhere (TF leaves it undefined): {R, -R} under MAX, then the names.
   // Non-blocking with the timeout: a worker that never builds its strategy must not hang the
   // others here either.
-  int both[2] = {m.R, -m.R};
+  // The same message settles whether every worker can select libnbc's ring (ring_algorithm):
+  // a worker where the MPI_T variable is fixed (an --mca setting, a host's own
+  // mca-params.conf) would otherwise post another schedule than its peers.
+  m.ring_algorithm.open();
+  int both[3] = {m.R, -m.R, m.ring_algorithm.usable ? 0 : 1};
   MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_INT, MPI_MAX, m.data, &request), "MPI_Iallreduce (replica count check)");
+  check(MPI_Iallreduce(MPI_IN_PLACE, both, 3, MPI_INT, MPI_MAX, m.data, &request), "MPI_Iallreduce (replica count check)");
   const auto deadline = clock::now() + m.timeout;
   for (int done = 0;;) {
     check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (replica count check)");
     if (done) break;
     if (clock::now() >= deadline) {
+      m.ring_algorithm.close();
       throw timeout_error("mirror::devices::Cluster: not every worker of the communicator built its strategy within " +
                               std::to_string(m.timeout.count()) + " ms (worker " + std::to_string(m.w) + " of " +
                               std::to_string(m.W) + " waited); every worker must construct it, in the same order",
@@ -740,6 +745,7 @@ group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
       text += (p == 0 ? "" : ", ") + std::string("worker ") + std::to_string(p) + " has " +
               std::to_string(all[static_cast<std::size_t>(p)]);
     }
+    m.ring_algorithm.close();
     MPI_Comm_free(&m.data);
     MPI_Comm_free(&m.control);
     throw std::invalid_argument("mirror::devices::Cluster: the workers have different numbers of local replicas (" +
@@ -749,7 +755,7 @@ group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
   // MPI_Finalize deletes MPI_COMM_SELF's attributes first: that stops the thread in time.
   check(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &impl::on_finalize, &m.keyval, nullptr), "MPI_Comm_create_keyval");
   check(MPI_Comm_set_attr(MPI_COMM_SELF, m.keyval, &m), "MPI_Comm_set_attr");
-  m.ring_algorithm.open();
+  if (both[2] != 0) m.ring_algorithm.usable = false;  // some worker cannot: none does
   m.thread = std::thread([&m] { m.main_loop(); });
 }
 

@@ -17,7 +17,9 @@
 // std::span, matrix and matrix_view, user leaves), std::span<const E> and matrix_view<const E>
 // (not leaves: collectives cannot write them, but they are the natural way to pass read-only
 // host data). A 2-D array arrives flat, rows * cols elements row-major: pass cols beside it.
-// Scalars are arithmetic values, enums and pointers (passed as they are). An argument that
+// Scalars are arithmetic values, enums, pointers and views of device memory
+// (`cuda::device_span`, passed as they are); a nest holding an owning device-resident leaf
+// (`thrust::device_vector`) is passed as it is, whole. An argument that
 // holds device memory, or anything that is not one of the shapes above, reaches fn as before
 // (const&); a nest that mixes host arrays with such members is a compile error (staging_kind
 // 3), because half of it would silently stay on the host.
@@ -60,9 +62,24 @@ template <class T>
 concept host_array = is_const_host_view<T>::value ||
                      (leaf<T> && leaf_traits<T>::rank >= 1 && !device_resident_leaf<T>);
 
+/// `V<const E>` where `V<E>` is a device-resident leaf (`cuda::device_span<const E>`).
+template <class T>
+struct is_const_device_view : std::false_type {};
+template <template <class> class V, class E>
+struct is_const_device_view<V<const E>> : std::bool_constant<device_resident_leaf<V<E>>> {};
+
+/// Device memory, viewed: already where the replicas read it, a cheap copy.
+template <class T>
+concept device_view = (device_resident_leaf<T> && leaf_traits<T>::is_view) || is_const_device_view<T>::value;
+
 /// A value that reaches fn as it is inside a staged nest.
 template <class T>
-concept staging_scalar = std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_pointer_v<T>;
+concept staging_scalar = std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_pointer_v<T> || device_view<T>;
+
+/// An owning device-resident leaf (`thrust::device_vector`): a nest
+/// holding one is passed as it is (not copied member by member), as before staging existed.
+template <class T>
+concept device_owner = device_resident_leaf<T> && !leaf_traits<T>::is_view;
 
 /// The elements of host array x, read-only (a matrix row-major, rows * cols of them).
 template <class E, std::size_t N>
@@ -81,19 +98,23 @@ auto host_elements(const T& x) {
 
 /// How T takes part in staging: 0 not at all (passed as is), 1 only scalars (nothing to copy:
 /// passed as is), 2 copied (at least one host array, everything else scalars or containers),
-/// 3 refused (host arrays beside members that cannot be staged).
+/// 3 refused (host arrays beside members that cannot be staged), 4 an owning device container
+/// (it and any nest holding it are passed as is).
 template <class T>
 consteval int staging_kind() {
   constexpr auto combine = [](std::initializer_list<int> kinds) {
     int k = 1;
-    bool opaque = false;
+    bool opaque = false, device = false;
     for (int m : kinds) {
       opaque = opaque || m == 0;
-      k = m > k ? m : k;
+      device = device || m == 4;
+      if (m != 4) k = m > k ? m : k;
     }
-    return !opaque ? k : k >= 2 ? 3 : 0;
+    return device ? 0 : !opaque ? k : k >= 2 ? 3 : 0;
   };
-  if constexpr (host_array<T>) {
+  if constexpr (device_owner<T>) {
+    return 4;
+  } else if constexpr (host_array<T>) {
     return 2;
   } else if constexpr (staging_scalar<T>) {
     return 1;

@@ -239,4 +239,9 @@ TEST_CASE("cuda: staging from pinned memory is complete when run returns; device
   REQUIRE(seen[0] == device);
   REQUIRE(seen[1] == device);
   REQUIRE(cudaFree(device) == cudaSuccess);
+
+  // Device views beside host arrays pass through unchanged (the host arrays are copied).
+  static_assert(mirror::detail::staged_on_device<std::tuple<mirror::cuda::device_span<float>, std::vector<int>>>);
+  static_assert(mirror::detail::staged_on_device<std::tuple<mirror::cuda::device_span<const float>, std::vector<int>>>);
+  static_assert(!mirror::detail::staged_on_device<mirror::cuda::device_span<const float>>);
 }

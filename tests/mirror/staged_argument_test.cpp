@@ -19,6 +19,7 @@
 #include <vector>
 #include <mirror/mirror.hpp>
 #include "support/fake_device.hpp"
+#include "support/fake_device_vector.hpp"
 
 namespace {
 
@@ -137,6 +138,10 @@ TEST_CASE("matrices and matrix views arrive flat; enums and pointers pass as sca
   static_assert(mirror::detail::staging_refused<std::tuple<std::vector<float>, std::string>>);
   static_assert(!mirror::detail::staged_on_device<std::tuple<Mode, int>>);  // scalars only: as is
   static_assert(!mirror::detail::staged_on_device<std::string>);
+  // An owning device container keeps its nest as it is (nothing refused, nothing copied).
+  using with_device_owner = std::tuple<FakeDeviceVector, std::vector<float>>;
+  static_assert(!mirror::detail::staged_on_device<with_device_owner> &&
+                !mirror::detail::staging_refused<with_device_owner>);
 }
 
 TEST_CASE("nests keep their shape: arrays become views, scalars stay values", "[staged]") {
