@@ -467,7 +467,8 @@ class Strategy {
                                        !detail::is_per_replica<D>::value && !detail::is_mirrored<D>::value;
     static_assert(!(shared_host_value && detail::staging_refused<D>),
                   "mirror::Strategy::run: a shared argument holds host arrays beside members that cannot be "
-                  "copied to the replicas' devices (only arrays, arithmetic values, enums, pointers and "
+                  "copied to the replicas' devices (only arrays, arithmetic values, enums, pointers, device views "
+                  "and "
                   "tuples/pairs/arrays/Hana structs of them can), so part of it would stay in host memory; "
                   "pass the other members in a separate argument, or wrap the value in a plain struct to "
                   "pass it to fn as it is (mirror/detail/staged_argument.hpp)");

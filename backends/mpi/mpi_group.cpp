@@ -183,12 +183,21 @@ struct group::impl {
   static constexpr std::chrono::milliseconds parking_period{100};
   std::atomic<clock::rep> spin_from{0};   // hand-offs park, not spin, before this time
   std::atomic<clock::rep> posted_at{0};   // when the caller posted `current`
-  bool spinning_pays(clock::time_point now) const noexcept {
-    return now.time_since_epoch().count() >= spin_from.load(std::memory_order_relaxed);
-  }
-  void note_hand_off(clock::rep set_at, clock::time_point seen_at) noexcept {
-    if (seen_at.time_since_epoch().count() - set_at > clock::duration(late_hand_off).count()) {
-      spin_from.store((seen_at + parking_period).time_since_epoch().count(), std::memory_order_relaxed);
+  /// One side of a hand-off: spins (yielding) for up to `limit` from `now` until `flag` is set
+  /// by the other side, which stamped `set_at` before setting it; a late sighting starts a
+  /// parking period. Returns at once while one is running. The caller parks afterwards (its
+  /// wait re-checks the flag under the mutex).
+  template <class SetAt>
+  void spin_for(const std::atomic<bool>& flag, SetAt set_at, clock::time_point now, clock::duration limit) noexcept {
+    if (now.time_since_epoch().count() < spin_from.load(std::memory_order_relaxed)) return;
+    const auto until = now + limit;
+    while (!flag.load(std::memory_order_acquire) && now < until) {
+      std::this_thread::yield();
+      now = clock::now();
+    }
+    if (flag.load(std::memory_order_acquire) &&
+        now.time_since_epoch().count() - set_at() > clock::duration(late_hand_off).count()) {
+      spin_from.store((now + parking_period).time_since_epoch().count(), std::memory_order_relaxed);
     }
   }
 
@@ -215,8 +224,8 @@ struct group::impl {
   // `coll_libnbc_iallreduce_algorithm` for the one call that posts the collective, and puts
   // `ignore` back — only where the variable exists, is settable and nobody chose a value (an
   // `--mca` setting wins). Every worker decides alike (the count is checked equal, and the
-  // construction agrees whether every worker can set the variable), so the schedules match. The choice is read when a collective is posted: another thread of the
-  // program posting its own MPI_Iallreduce in that instant could get the ring on one worker
+  // construction agrees whether every worker can set the variable), so the schedules match.
+  // The choice is read when a collective is posted: another thread of the program posting its own MPI_Iallreduce in that instant could get the ring on one worker
   // only; that needs MPI calls concurrent with mirror's, which the calling rules already
   // restrict to MPI_THREAD_MULTIPLE programs.
   // With 2 workers the ring already wins from 4 KiB: binomial sends the whole buffer, which from
@@ -300,14 +309,7 @@ struct group::impl {
     posted.store(true, std::memory_order_release);
     wake_comm.notify_one();  // no system call when the thread is spinning rather than parked
     lock.unlock();
-    if (spinning_pays(now)) {
-      const auto spin_until = now + caller_spin;
-      while (!j.done.load(std::memory_order_acquire) && now < spin_until) {
-        std::this_thread::yield();
-        now = clock::now();
-      }
-      if (j.done.load(std::memory_order_acquire)) note_hand_off(j.done_at, now);
-    }
+    spin_for(j.done, [&] { return j.done_at; }, now, caller_spin);
     lock.lock();
     wake_caller.wait(lock, [&] { return j.done.load(std::memory_order_relaxed); });
     if (j.error) std::rethrow_exception(j.error);
@@ -348,13 +350,8 @@ struct group::impl {
       bool stopping = false;
       // Right after a collective the next one usually follows at once (a training step's leaves,
       // a loop of all-reduces): spin for it briefly instead of parking, saving the wake-up.
-      if (auto now = clock::now(); after_job && spinning_pays(now)) {
-        const auto spin_until = now + idle_spin;
-        while (!posted.load(std::memory_order_acquire) && now < spin_until) {
-          std::this_thread::yield();
-          now = clock::now();
-        }
-        if (posted.load(std::memory_order_acquire)) note_hand_off(posted_at.load(std::memory_order_relaxed), now);
+      if (after_job) {
+        spin_for(posted, [&] { return posted_at.load(std::memory_order_relaxed); }, clock::now(), idle_spin);
       }
       {
         std::unique_lock lock(mutex);

@@ -21,8 +21,7 @@
 // (`cuda::device_span`, passed as they are); a nest holding an owning device-resident leaf
 // (`thrust::device_vector`) is passed as it is, whole. An argument that
 // holds device memory, or anything that is not one of the shapes above, reaches fn as before
-// (const&); a nest that mixes host arrays with such members is a compile error (staging_kind
-// 3), because half of it would silently stay on the host.
+// (const&); a nest that mixes host arrays with such members is a compile error (staging::refused), because half of it would silently stay on the host.
 //
 // The views are valid while fn runs: the next run of the strategy copies its arguments into
 // the same buffers (and frees a buffer that must grow), so fn must not return them or keep
@@ -96,53 +95,61 @@ auto host_elements(const T& x) {
   return std::span<const typename leaf_traits<T>::element_type>(leaf_traits<T>::elements(x));
 }
 
-/// How T takes part in staging: 0 not at all (passed as is), 1 only scalars (nothing to copy:
-/// passed as is), 2 copied (at least one host array, everything else scalars or containers),
-/// 3 refused (host arrays beside members that cannot be staged), 4 an owning device container
-/// (it and any nest holding it are passed as is).
+/// How a type takes part in staging.
+enum class staging {
+  as_is,         ///< not at all: passed to fn as it is
+  scalars,       ///< only scalars, nothing to copy: passed as it is
+  copied,        ///< at least one host array, everything else scalars or containers
+  refused,       ///< host arrays beside members that cannot be staged
+  device_owned,  ///< an owning device leaf: it, and any nest holding it, passed as it is
+};
+
+/// What a container whose members take part as `members` does.
+consteval staging combine_staging(std::initializer_list<staging> members) {
+  bool opaque = false, device = false, arrays = false;
+  for (const staging m : members) {
+    opaque = opaque || m == staging::as_is || m == staging::refused;
+    device = device || m == staging::device_owned;
+    arrays = arrays || m == staging::copied || m == staging::refused;
+  }
+  if (device) return staging::as_is;
+  if (!arrays) return opaque ? staging::as_is : staging::scalars;
+  return opaque ? staging::refused : staging::copied;
+}
+
 template <class T>
-consteval int staging_kind() {
-  constexpr auto combine = [](std::initializer_list<int> kinds) {
-    int k = 1;
-    bool opaque = false, device = false;
-    for (int m : kinds) {
-      opaque = opaque || m == 0;
-      device = device || m == 4;
-      if (m != 4) k = m > k ? m : k;
-    }
-    return device ? 0 : !opaque ? k : k >= 2 ? 3 : 0;
-  };
+consteval staging staging_kind() {
   if constexpr (device_owner<T>) {
-    return 4;
+    return staging::device_owned;
   } else if constexpr (host_array<T>) {
-    return 2;
+    return staging::copied;
   } else if constexpr (staging_scalar<T>) {
-    return 1;
+    return staging::scalars;
   } else if constexpr (is_std_tuple_like<T>::value) {
-    return []<std::size_t... I>(std::index_sequence<I...>, auto c) {
-      return c({staging_kind<std::remove_cvref_t<std::tuple_element_t<I, T>>>()...});
-    }(std::make_index_sequence<std::tuple_size_v<T>>{}, combine);
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return combine_staging({staging_kind<std::remove_cvref_t<std::tuple_element_t<I, T>>>()...});
+    }(std::make_index_sequence<std::tuple_size_v<T>>{});
   } else if constexpr (is_hana_tuple<T>::value) {
-    return []<class... Ts>(boost::hana::tuple<Ts...>*, auto c) {
-      return c({staging_kind<std::remove_cvref_t<Ts>>()...});
-    }(static_cast<T*>(nullptr), combine);
+    return []<class... Ts>(boost::hana::tuple<Ts...>*) {
+      return combine_staging({staging_kind<std::remove_cvref_t<Ts>>()...});
+    }(static_cast<T*>(nullptr));
   } else if constexpr (is_hana_struct<T>) {
-    return []<class... Ms>(type_list<Ms...>, auto c) {
-      return c({staging_kind<Ms>()...});
-    }(decltype(struct_member_types<T>()){}, combine);
+    return []<class... Ms>(type_list<Ms...>) {
+      return combine_staging({staging_kind<Ms>()...});
+    }(decltype(struct_member_types<T>()){});
   } else {
-    return 0;
+    return staging::as_is;
   }
 }
 
 /// True when a shared argument of type T is copied to each replica's device by run.
 template <class T>
-inline constexpr bool staged_on_device = staging_kind<std::remove_cvref_t<T>>() == 2;
+inline constexpr bool staged_on_device = staging_kind<std::remove_cvref_t<T>>() == staging::copied;
 
 /// True when T holds host arrays beside members that cannot be staged (run refuses it on a
 /// device without host-readable memory: see the file comment).
 template <class T>
-inline constexpr bool staging_refused = staging_kind<std::remove_cvref_t<T>>() == 3;
+inline constexpr bool staging_refused = staging_kind<std::remove_cvref_t<T>>() == staging::refused;
 
 /// Index of the member of Hana struct S called Name (a boost::hana::string type).
 template <class S, class Name>
