@@ -22,6 +22,7 @@
 #include <deque>
 #include <limits>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -112,6 +113,27 @@ void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+}
+
+/// Keeps the buffers of a non-blocking MPI operation that was given up on alive until the
+/// process ends. Open MPI 4.1 cannot cancel a posted collective, and libnbc goes on advancing it
+/// inside every later MPI call of the process, writing into its buffers whenever a peer's message
+/// for it arrives. The agreement check's buffers were once on the communication thread's stack:
+/// a later thread that reused that stack had its saved registers overwritten by an agreement key
+/// (a SIGBUS in serve_control, in 4 of 17 ThreadSanitizer runs of tests/mpi/failure_test.cpp
+/// with 3 workers, in the first collective after the "exception in fn" case). Such buffers are
+/// now on the heap, and handed here when their operation is abandoned.
+template <class T>
+void keep_until_exit(std::unique_ptr<T[]>& buffer) noexcept {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<void*>();  // never destroyed: MPI may write until MPI_Finalize
+  std::lock_guard lock(mutex);
+  try {
+    kept->push_back(buffer.get());
+  } catch (...) {
+    // Out of memory: the buffer is still never freed, just not listed.
+  }
+  (void)buffer.release();
 }
 
 std::string what_of(const std::exception_ptr& e) {
@@ -436,20 +458,28 @@ struct group::impl {
     const std::uint64_t what_kind = bcast ? 1000 + static_cast<std::uint64_t>(j.root) : static_cast<std::uint64_t>(j.op);
     const std::uint64_t element = bcast ? 0 : (static_cast<std::uint64_t>(j.element.cat) << 8 | j.element.bytes);
     const std::int64_t key = agreement_key(j.count, element, what_kind);
-    std::int64_t both[2] = {key, -key};
+    // On the heap, and kept if the check is given up on (keep_until_exit says why).
+    auto both = std::make_unique<std::int64_t[]>(2);
+    both[0] = key;
+    both[1] = -key;
     ++sequence;
     MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_INT64_T, MPI_MAX, data, &request),
+    check(MPI_Iallreduce(MPI_IN_PLACE, both.get(), 2, MPI_INT64_T, MPI_MAX, data, &request),
           "MPI_Iallreduce (agreement check)", j.what);
-    wait(request, j.what);
+    wait_keeping(request, j.what, both);
     if (both[0] == -both[1]) return;
-    std::int64_t mine[4] = {static_cast<std::int64_t>(j.count), static_cast<std::int64_t>(element),
-                            static_cast<std::int64_t>(what_kind), bcast ? 1 : 0};
-    std::vector<std::int64_t> all(4 * static_cast<std::size_t>(W));
+    // Mine (4 values), then every worker's.
+    auto gathered = std::make_unique<std::int64_t[]>(4 + 4 * static_cast<std::size_t>(W));
+    std::int64_t* const mine = gathered.get();
+    const std::int64_t* const all = mine + 4;
+    mine[0] = static_cast<std::int64_t>(j.count);
+    mine[1] = static_cast<std::int64_t>(element);
+    mine[2] = static_cast<std::int64_t>(what_kind);
+    mine[3] = bcast ? 1 : 0;
     ++sequence;
-    check(MPI_Iallgather(mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, data, &request),
+    check(MPI_Iallgather(mine, 4, MPI_INT64_T, mine + 4, 4, MPI_INT64_T, data, &request),
           "MPI_Iallgather (agreement check)", j.what);
-    wait(request, j.what);
+    wait_keeping(request, j.what, gathered);
     std::string text = std::string("mirror: ") + j.what + ": the workers disagree on a cross-worker collective:";
     for (int p = 0; p < W; ++p) {
       const std::int64_t* d = &all[4 * static_cast<std::size_t>(p)];
@@ -472,6 +502,18 @@ struct group::impl {
       if (symmetric.size() > 16) symmetric.erase(symmetric.begin());
     }
     std::rethrow_exception(e);
+  }
+
+  /// wait(), and when it gives up, `buffer` (the request's) is kept alive for the rest of the
+  /// process, since MPI may still write into it.
+  template <class T>
+  void wait_keeping(MPI_Request& request, const char* what, std::unique_ptr<T[]>& buffer) {
+    try {
+      wait(request, what);
+    } catch (...) {
+      keep_until_exit(buffer);
+      throw;
+    }
   }
 
   /// Polls `request` to completion, serving the control communicator meanwhile; gives up with
@@ -718,14 +760,25 @@ group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
   // a worker where the MPI_T variable is fixed (an --mca setting, a host's own
   // mca-params.conf) would otherwise post another schedule than its peers.
   m.ring_algorithm.open();
-  int both[3] = {m.R, -m.R, m.ring_algorithm.usable ? 0 : 1};
+  // On the heap, and kept if the check times out (keep_until_exit says why).
+  auto both = std::make_unique<int[]>(3);
+  both[0] = m.R;
+  both[1] = -m.R;
+  both[2] = m.ring_algorithm.usable ? 0 : 1;
   MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(MPI_IN_PLACE, both, 3, MPI_INT, MPI_MAX, m.data, &request), "MPI_Iallreduce (replica count check)");
+  check(MPI_Iallreduce(MPI_IN_PLACE, both.get(), 3, MPI_INT, MPI_MAX, m.data, &request),
+        "MPI_Iallreduce (replica count check)");
   const auto deadline = clock::now() + m.timeout;
   for (int done = 0;;) {
-    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (replica count check)");
+    try {
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (replica count check)");
+    } catch (...) {
+      keep_until_exit(both);
+      throw;
+    }
     if (done) break;
     if (clock::now() >= deadline) {
+      keep_until_exit(both);
       m.ring_algorithm.close();
       throw timeout_error("mirror::devices::Cluster: not every worker of the communicator built its strategy within " +
                               std::to_string(m.timeout.count()) + " ms (worker " + std::to_string(m.w) + " of " +
