@@ -120,7 +120,7 @@ void finalize_at_exit() {
 /// inside every later MPI call of the process, writing into its buffers whenever a peer's message
 /// for it arrives. The agreement check's buffers were once on the communication thread's stack:
 /// a later thread that reused that stack had its saved registers overwritten by an agreement key
-/// (a SIGBUS in serve_control, in 4 of 17 ThreadSanitizer runs of tests/mpi/failure_test.cpp
+/// (a SIGBUS in serve_control, in 5 of 30 ThreadSanitizer runs of tests/mpi/failure_test.cpp
 /// with 3 workers, in the first collective after the "exception in fn" case). Such buffers are
 /// now on the heap, and handed here when their operation is abandoned.
 template <class T>
