@@ -769,23 +769,23 @@ group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
   check(MPI_Iallreduce(MPI_IN_PLACE, both.get(), 3, MPI_INT, MPI_MAX, m.data, &request),
         "MPI_Iallreduce (replica count check)");
   const auto deadline = clock::now() + m.timeout;
-  for (int done = 0;;) {
-    try {
+  try {
+    for (int done = 0;;) {
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (replica count check)");
-    } catch (...) {
-      keep_until_exit(both);
-      throw;
+      if (done) break;
+      if (clock::now() >= deadline) {
+        m.ring_algorithm.close();
+        throw timeout_error("mirror::devices::Cluster: not every worker of the communicator built its strategy "
+                            "within " + std::to_string(m.timeout.count()) + " ms (worker " + std::to_string(m.w) +
+                                " of " + std::to_string(m.W) + " waited); every worker must construct it, in the "
+                                "same order",
+                            {});
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    if (done) break;
-    if (clock::now() >= deadline) {
-      keep_until_exit(both);
-      m.ring_algorithm.close();
-      throw timeout_error("mirror::devices::Cluster: not every worker of the communicator built its strategy within " +
-                              std::to_string(m.timeout.count()) + " ms (worker " + std::to_string(m.w) + " of " +
-                              std::to_string(m.W) + " waited); every worker must construct it, in the same order",
-                          {});
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  } catch (...) {
+    keep_until_exit(both);  // the request is still posted
+    throw;
   }
   if (both[0] != -both[1]) {
     std::vector<int> all(static_cast<std::size_t>(m.W));
