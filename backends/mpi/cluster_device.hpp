@@ -73,7 +73,11 @@ struct Cluster {
     explicit runtime(const Cluster& c)
         : runtime_t<Local>(local_policy(c)),
           group_(std::make_unique<mpi::group>(mpi::group_options{
-              c.comm, runtime_t<Local>::num_replicas(), c.timeout, c.validate_shapes})) {}
+              c.comm, runtime_t<Local>::num_replicas(), c.timeout, c.validate_shapes})) {
+      // Workers on one host share its cores: a pool that counted them all would spin through
+      // the time slices of the other workers' replicas and of its own communication thread.
+      if constexpr (requires(runtime_t<Local>& r) { r.limit_cores(1u); }) this->limit_cores(group_->host_cores());
+    }
 
     /// The cross-worker collectives (never null).
     detail::worker_group* workers() const noexcept { return group_.get(); }

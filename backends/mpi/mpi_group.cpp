@@ -30,6 +30,9 @@
 #include <thread>
 #include <utility>
 #include <vector>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 #include <mirror/error.hpp>
 
 namespace mirror::mpi {
@@ -146,6 +149,40 @@ std::string what_of(const std::exception_ptr& e) {
   }
 }
 
+/// This worker's share of its host's cores: each CPU in its affinity mask counts 1/k, k = the
+/// workers on this host whose masks hold it (2 unbound workers on 2 cores: 1 each; bound to a
+/// core each: 1 each). At least 1. Collective over `comm`.
+unsigned share_of_host_cores(MPI_Comm comm) {
+  MPI_Comm host = MPI_COMM_NULL;
+  check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host), "MPI_Comm_split_type");
+  int size = 1;
+  MPI_Comm_size(host, &size);
+  double share = 0;
+#if defined(__linux__)
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) {
+    for (int c = 0; c < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) && c < CPU_SETSIZE; ++c) {
+      CPU_SET(c, &mine);
+    }
+  }
+  std::vector<cpu_set_t> all(static_cast<std::size_t>(size));
+  const int code = MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, host);
+  MPI_Comm_free(&host);
+  check(code, "MPI_Allgather (affinity masks)");
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &mine)) continue;
+    int k = 0;
+    for (const cpu_set_t& m : all) k += CPU_ISSET(c, &m) ? 1 : 0;
+    share += 1.0 / std::max(k, 1);
+  }
+#else
+  MPI_Comm_free(&host);
+  share = static_cast<double>(std::max(1u, std::thread::hardware_concurrency())) / size;
+#endif
+  return std::max(1u, static_cast<unsigned>(share + 1e-9));
+}
+
 }  // namespace
 
 struct group::impl {
@@ -172,6 +209,7 @@ struct group::impl {
 
   MPI_Comm data = MPI_COMM_NULL, control = MPI_COMM_NULL;
   int W = 1, w = 0, R = 1;
+  unsigned cores = 1;  // this worker's share of its host's cores
   std::chrono::milliseconds timeout;
   bool validate = true;
   // After a collective the thread spins (yielding) this long for the next job before parking
@@ -802,6 +840,8 @@ group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
                                 text + "); every worker must use the same local device settings (TF: \"every "
                                 "worker to have the same number of replicas\")");
   }
+  // Every worker is here (the check above completed): the blocking calls cannot hang.
+  m.cores = share_of_host_cores(m.data);
   // MPI_Finalize deletes MPI_COMM_SELF's attributes first: that stops the thread in time.
   check(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &impl::on_finalize, &m.keyval, nullptr), "MPI_Comm_create_keyval");
   check(MPI_Comm_set_attr(MPI_COMM_SELF, m.keyval, &m), "MPI_Comm_set_attr");
@@ -823,6 +863,7 @@ group::~group() {
 int group::num_workers() const noexcept { return impl_->W; }
 int group::worker_index() const noexcept { return impl_->w; }
 int group::local_replicas() const noexcept { return impl_->R; }
+unsigned group::host_cores() const noexcept { return impl_->cores; }
 
 void group::check_all_reduce(std::size_t count, detail::element_kind kind, ReduceOp op, const char* what) {
   if (!impl_->validate) return;  // Cluster{.validate_shapes = false}: trust the program

@@ -40,6 +40,10 @@ class group final : public detail::worker_group {
   int num_workers() const noexcept override;
   int worker_index() const noexcept override;
   int local_replicas() const noexcept override;
+  /// This worker's share of its host's cores (at least 1): each CPU of its affinity mask counts
+  /// 1/k, k = the workers on the host whose masks hold it. Its local pool spins only while
+  /// every replica has one of these.
+  unsigned host_cores() const noexcept;
   void check_all_reduce(std::size_t count, detail::element_kind kind, ReduceOp op, const char* what) override;
   void all_reduce(void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
                   bool checked) override;

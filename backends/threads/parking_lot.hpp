@@ -33,9 +33,10 @@ class alignas(64) parking_lot {
   /// How long a waiter spins, then how many times it yields, before it parks. The spin is
   /// bounded in time, not in pause instructions: `pause` costs 3 to 140 cycles depending on the
   /// CPU, so a count tuned on one machine is 40x off on another.
+  /// Safe while threads wait (each wait reads both once, as it starts).
   void configure(std::chrono::nanoseconds spin, int yields) noexcept {
-    spin_ns_ = spin.count();
-    yields_ = yields;
+    spin_ns_.store(spin.count(), std::memory_order_relaxed);
+    yields_.store(yields, std::memory_order_relaxed);
   }
 
   /// Waits until `ready()` is true, or `timeout` (counted from when the waiter parks) passes;
@@ -50,8 +51,8 @@ class alignas(64) parking_lot {
   /// which must include every condition a waker signals, decides once the waiter parks.
   template <class SpinReady, class Ready>
   bool wait(SpinReady&& spin_ready, Ready&& ready, std::optional<std::chrono::nanoseconds> timeout) {
-    const std::int64_t spin_ns = spin_ns_;
-    const int yields = yields_;
+    const std::int64_t spin_ns = spin_ns_.load(std::memory_order_relaxed);
+    const int yields = yields_.load(std::memory_order_relaxed);
     if (spin_ns > 0) {
       // Pure spinning for the first microseconds (where a partner on its own core arrives);
       // after that, a yield between polls: when the machine is loaded by other processes, the
@@ -108,8 +109,8 @@ class alignas(64) parking_lot {
   // Line 1: what every wait and wake touches. The mutex and condition variable, touched only
   // when someone parks, follow on their own lines.
   std::atomic<int> sleepers_{0};
-  int yields_ = 4;
-  std::int64_t spin_ns_ = 50'000;
+  std::atomic<int> yields_{4};
+  std::atomic<std::int64_t> spin_ns_{50'000};
   alignas(64) std::mutex mutex_;
   std::condition_variable cv_;
 };

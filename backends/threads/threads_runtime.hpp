@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 #include <backends/threads/parking_lot.hpp>
+#include <backends/threads/usable_cores.hpp>
 #include <mirror/concepts/device.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/exchanged.hpp>
@@ -42,22 +43,7 @@ class runtime {
     if (timeout.count() <= 0) {
       throw std::invalid_argument("mirror::devices::Threads{.timeout}: the collective timeout must be positive");
     }
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    // Spinning only pays when every replica has a core; oversubscribed, a spinner steals the
-    // time slice of the replica it waits for. With a core each, the spin (pure for 2 us, then
-    // yielding) should outlast a training step's imbalance between replicas: a parked waiter
-    // costs the late replica, the one on the critical path, a futex wake-up, and itself a
-    // scheduler wake-up. Fashion-MNIST, 2 replicas on 2 cores (a VM whose steps jitter by
-    // hundreds of us): a 100 us spin parked in half of the steps' all-reduce barriers, 300 us in
-    // a third, 1 ms in 4 of 470; 2 replicas vs 1 went from 1.30-1.68x to 1.61-1.80x (4
-    // alternated rounds). The pool parks after it, so an idle pool burns nothing.
-    for (parking_lot* lot : {&job_lot_, &done_lot_, &barrier_lot_}) {
-      if (static_cast<unsigned>(n_) <= cores) {
-        lot->configure(std::chrono::milliseconds(1), 8);
-      } else {
-        lot->configure(std::chrono::microseconds(1), 2);
-      }
-    }
+    limit_cores(usable_cores());
     replica_ = std::make_unique<per_replica[]>(static_cast<std::size_t>(n_));
     slots_ = std::make_unique<slot[]>(2 * static_cast<std::size_t>(n_));
     workers_ = std::make_unique<std::thread[]>(static_cast<std::size_t>(n_ - 1));
@@ -75,6 +61,27 @@ class runtime {
   }
 
   int num_replicas() const noexcept { return n_; }
+
+  /// How many cores the pool may use (default: the process's affinity mask, usable_cores()).
+  /// A launcher that runs several processes on one host tells each its share
+  /// (devices::Cluster does). May be called while the pool is idle or running.
+  void limit_cores(unsigned cores) noexcept {
+    // Spinning only pays when every replica has a core; oversubscribed, a spinner steals the
+    // time slice of the replica it waits for. With a core each, the spin (pure for 2 us, then
+    // yielding) should outlast a training step's imbalance between replicas: a parked waiter
+    // costs the late replica, the one on the critical path, a futex wake-up, and itself a
+    // scheduler wake-up. Fashion-MNIST, 2 replicas on 2 cores (a VM whose steps jitter by
+    // hundreds of us): a 100 us spin parked in half of the steps' all-reduce barriers, 300 us in
+    // a third, 1 ms in 4 of 470; 2 replicas vs 1 went from 1.30-1.68x to 1.61-1.80x (4
+    // alternated rounds). The pool parks after it, so an idle pool burns nothing.
+    for (parking_lot* lot : {&job_lot_, &done_lot_, &barrier_lot_}) {
+      if (static_cast<unsigned>(n_) <= cores) {
+        lot->configure(std::chrono::milliseconds(1), 8);
+      } else {
+        lot->configure(std::chrono::microseconds(1), 2);
+      }
+    }
+  }
 
   /// True on a thread that is running a replica function of this runtime.
   bool in_parallel() const noexcept { return current == this; }

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include <tuple>
 #include <vector>
 #include <mirror/mirror.hpp>
+#include <sched.h>
 
 #include "mpi/mpi_world.hpp"  // world_size, world_rank; the tests compare with plain MPI calls
 #include "support/reference.hpp"
@@ -72,6 +74,32 @@ std::vector<T> hierarchical_reference(ReduceOp op, int W, int R, const std::vect
 }
 
 }  // namespace
+
+TEST_CASE("cluster: each worker's pool counts its share of the host's cores", "[mpi]") {
+  // Workers on one host share its cores; a pool that counted them all would spin through the
+  // time slices of its neighbours. Reference: when every worker on the host has the same mask
+  // (tests launch with --bind-to none), the share is the mask's count over the host's workers.
+  MPI_Comm host = MPI_COMM_NULL;
+  REQUIRE(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host) == MPI_SUCCESS);
+  int on_host = 1;
+  MPI_Comm_size(host, &on_host);
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  REQUIRE(sched_getaffinity(0, sizeof mine, &mine) == 0);
+  std::vector<cpu_set_t> masks(static_cast<std::size_t>(on_host));
+  MPI_Allgather(&mine, sizeof mine, MPI_BYTE, masks.data(), sizeof mine, MPI_BYTE, host);
+  MPI_Comm_free(&host);
+  const bool same = std::all_of(masks.begin(), masks.end(), [&](const cpu_set_t& m) { return CPU_EQUAL(&m, &mine); });
+  mirror::mpi::group g{{.comm = {}, .local_replicas = 1, .timeout = std::chrono::seconds(30), .validate_shapes = true}};
+  const unsigned cores = g.host_cores();
+  CAPTURE(on_host, CPU_COUNT(&mine), cores);
+  if (same) {
+    CHECK(cores == std::max(1u, static_cast<unsigned>(CPU_COUNT(&mine) / on_host)));
+  } else {
+    CHECK(cores >= 1u);
+    CHECK(cores <= static_cast<unsigned>(CPU_COUNT(&mine)));
+  }
+}
 
 TEST_CASE("cluster: ids, counts and roles", "[mpi]") {
   const int W = world_size(), w = world_rank();

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 #include <mirror/mirror.hpp>
+#include <sched.h>
 
 using mirror::ReduceOp;
 using namespace std::chrono_literals;
@@ -50,7 +51,7 @@ TEST_CASE("16 replicas on a 2-core machine make progress through many collective
 
 TEST_CASE("an idle pool parks instead of spinning", "[threads][pool]") {
   // Oversubscribed (8 replicas: short spin) and with a core per replica (the long spin, 1 ms).
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = static_cast<int>(mirror::threads::usable_cores());
   for (const int replicas : {8, cores}) {
     CAPTURE(replicas);
     S s{{.replicas = replicas}};
@@ -106,4 +107,38 @@ TEST_CASE("many strategies can live side by side", "[threads][pool]") {
     return ctx.all_reduce(ReduceOp::sum, inner.primary());
   });
   REQUIRE(x.primary() == 6);
+}
+
+TEST_CASE("the pool counts the cores of its affinity mask", "[threads][pool]") {
+  // usable_cores() reads the calling thread's mask, which the pool's threads inherit: under
+  // taskset or a cpuset, replicas that each seem to have a core would spin through each
+  // other's time slices.
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
+  REQUIRE(mirror::threads::usable_cores() == static_cast<unsigned>(CPU_COUNT(&all)));
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+  struct restore {
+    cpu_set_t mask;
+    ~restore() { sched_setaffinity(0, sizeof mask, &mask); }
+  } restore_mask{all};
+  CHECK(mirror::threads::usable_cores() == 1u);
+  // Four replicas on one core: correct results through many barriers, parked, not spun.
+  S s{{.replicas = 4}};
+  for (int step = 0; step < 200; ++step) {
+    const auto out = s.run([&](auto& ctx) {
+      const double mine = ctx.replica_id_in_sync_group() + step;
+      return ctx.all_reduce(ReduceOp::sum, mine);
+    });
+    for (double v : out) REQUIRE(v == 6.0 + 4.0 * step);
+  }
+  // And a limit set while the pool exists (as devices::Cluster does) changes nothing visible.
+  s.runtime().limit_cores(64);
+  const auto out = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::max, ctx.replica_id_in_sync_group()); });
+  for (int v : out) REQUIRE(v == 3);
 }
