@@ -783,8 +783,45 @@ group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
   }
   static_assert(sizeof(MPI_Comm) <= sizeof(std::uint64_t));
   const MPI_Comm comm = o.comm.is_world() ? MPI_COMM_WORLD : o.comm.get<MPI_Comm>();
-  check(MPI_Comm_dup(comm, &m.data), "MPI_Comm_dup (data)");
-  check(MPI_Comm_dup(comm, &m.control), "MPI_Comm_dup (control)");
+  // Every collective of the construction is non-blocking and waited with the timeout: a worker
+  // that never builds its strategy must not hang the others, not even in the duplications.
+  const auto deadline = clock::now() + m.timeout;
+  const auto wait_for_everyone = [&](MPI_Request& request, const char* call) {
+    for (int done = 0;;) {
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
+      if (done) return;
+      if (clock::now() >= deadline) {
+        int size = 0, rank = 0;
+        MPI_Comm_size(comm, &size);
+        MPI_Comm_rank(comm, &rank);
+        throw timeout_error("mirror::devices::Cluster: not every worker of the communicator built its strategy "
+                            "within " + std::to_string(m.timeout.count()) + " ms (worker " + std::to_string(rank) +
+                                " of " + std::to_string(size) + " waited in " + call + "); every worker must "
+                                "construct it, in the same order",
+                            {});
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  };
+  {
+    // On the heap, and kept if the wait gives up: MPI writes the handle when the duplication
+    // completes, whenever that is (keep_until_exit says why).
+    auto handles = std::make_unique<MPI_Comm[]>(2);
+    handles[0] = handles[1] = MPI_COMM_NULL;
+    try {
+      for (int k = 0; k < 2; ++k) {
+        const char* call = k == 0 ? "MPI_Comm_idup (data)" : "MPI_Comm_idup (control)";
+        MPI_Request request = MPI_REQUEST_NULL;
+        check(MPI_Comm_idup(comm, &handles[static_cast<std::size_t>(k)], &request), call);
+        wait_for_everyone(request, call);
+      }
+    } catch (...) {
+      keep_until_exit(handles);
+      throw;
+    }
+    m.data = handles[0];
+    m.control = handles[1];
+  }
   MPI_Comm_set_errhandler(m.data, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(m.control, MPI_ERRORS_RETURN);
   MPI_Comm_size(m.data, &m.W);
@@ -806,22 +843,10 @@ group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Iallreduce(MPI_IN_PLACE, both.get(), 3, MPI_INT, MPI_MAX, m.data, &request),
         "MPI_Iallreduce (replica count check)");
-  const auto deadline = clock::now() + m.timeout;
   try {
-    for (int done = 0;;) {
-      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (replica count check)");
-      if (done) break;
-      if (clock::now() >= deadline) {
-        m.ring_algorithm.close();
-        throw timeout_error("mirror::devices::Cluster: not every worker of the communicator built its strategy "
-                            "within " + std::to_string(m.timeout.count()) + " ms (worker " + std::to_string(m.w) +
-                                " of " + std::to_string(m.W) + " waited); every worker must construct it, in the "
-                                "same order",
-                            {});
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
+    wait_for_everyone(request, "MPI_Iallreduce (replica count check)");
   } catch (...) {
+    m.ring_algorithm.close();
     keep_until_exit(both);  // the request is still posted
     throw;
   }

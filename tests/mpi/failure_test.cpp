@@ -92,6 +92,31 @@ TEST_CASE("failure: a late worker is named by every waiting worker after the tim
   }
 }
 
+TEST_CASE("failure: a worker that never builds its strategy: the others throw timeout_error, not hang", "[mpi]") {
+  // On a communicator of its own: the others' duplication of it stays posted (MPI cannot cancel
+  // it) and would match the next strategy's on a shared one. Never freed for the same reason.
+  MPI_Comm own = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &own);
+  const int W = world_size(), w = world_rank();
+  if (w != W - 1) {
+    const auto start = clock_type::now();
+    try {
+      Cluster c{.local = {.replicas = 2}, .timeout = std::chrono::milliseconds(1000)};
+      c.comm = own;
+      Strategy s(c);
+      FAIL("no timeout_error");
+    } catch (const mirror::timeout_error& e) {
+      const double t = seconds_since(start);
+      CAPTURE(e.what(), t);
+      CHECK_THAT(std::string(e.what()), Catch::Contains("not every worker of the communicator built its strategy"));
+      CHECK_THAT(std::string(e.what()), Catch::Contains("worker " + std::to_string(w) + " of " + std::to_string(W)));
+      CHECK(t >= 0.9);
+      CHECK(t < 10.0);  // the 1 s timeout, not a hang
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_CASE("failure: an MPI error code is a backend_error with MPI's code and text", "[mpi]") {
   // Errors on no valid communicator go to MPI_COMM_WORLD's handler: return them instead of
   // aborting the job, as mirror does on its own communicators.
@@ -104,7 +129,7 @@ TEST_CASE("failure: an MPI error code is a backend_error with MPI's code and tex
   } catch (const mirror::backend_error& e) {
     const std::string what = e.what();
     CHECK(e.code() != 0);
-    CHECK_THAT(what, Catch::Contains("MPI_Comm_dup"));
+    CHECK_THAT(what, Catch::Contains("MPI_Comm_idup"));
     CHECK_THAT(what, Catch::Contains("MPI_ERR_COMM"));  // MPI_Error_string's text
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
