@@ -3,7 +3,9 @@
 // MPI_Allreduce(MPI_IN_PLACE, sum) of the same bytes on the same processes (issue 6's
 // target: <= 5 % overhead at >= 64 KiB). Launch under mpirun, one process per worker:
 //   mpirun -np 2 --bind-to none build/bench/mpi_cluster_bench [--replicas R] [--repetitions N]
-//          [--min-time SECONDS] [--no-validate] BYTES...
+//          [--min-time SECONDS] [--no-validate] [--deterministic] BYTES...
+// --deterministic: ops::MpiAllReduce{.deterministic = true} (worker order: all-to-all, fold,
+// all-gather) instead of one MPI_Iallreduce.
 // Rank 0 prints Google Benchmark-shaped JSON (impl:cluster / impl:mpi, real_time in ns per
 // call), repetitions of the two alternating, so bench/report.py can read it.
 #include <mirror/mirror.hpp>
@@ -60,7 +62,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int replicas = 1, repetitions = 5;
   double min_time = 0.2;
-  bool validate = true;
+  bool validate = true, deterministic = false;
   std::vector<std::size_t> sizes;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--replicas") && i + 1 < argc) {
@@ -71,6 +73,8 @@ int main(int argc, char** argv) {
       min_time = std::atof(argv[++i]);
     } else if (!std::strcmp(argv[i], "--no-validate")) {
       validate = false;
+    } else if (!std::strcmp(argv[i], "--deterministic")) {
+      deterministic = true;
     } else {
       sizes.push_back(std::strtoull(argv[i], nullptr, 10));
     }
@@ -80,11 +84,14 @@ int main(int argc, char** argv) {
     Cluster device;
     device.local.replicas = replicas;
     device.validate_shapes = validate;
-    mirror::Strategy<Cluster> s(device);
+    mirror::default_ops_t<Cluster> ops;
+    ops.cross.deterministic = deterministic;
+    mirror::Strategy<Cluster> s(device, ops);
     if (rank == 0) {
       std::printf("{\n  \"context\": {\"verb\": \"cluster_all_reduce\", \"device\": \"Cluster<Threads>, %d workers x %d "
-                  "replicas\", \"validate_shapes\": %s, \"git\": \"%s\"},\n  \"benchmarks\": [\n",
-                  size, replicas, validate ? "true" : "false", MIRROR_GIT_DESCRIBE);
+                  "replicas\", \"validate_shapes\": %s, \"deterministic\": %s, \"git\": \"%s\"},\n  "
+                  "\"benchmarks\": [\n",
+                  size, replicas, validate ? "true" : "false", deterministic ? "true" : "false", MIRROR_GIT_DESCRIBE);
     }
     bool first = true;
     for (const std::size_t bytes : sizes) {

@@ -30,7 +30,9 @@ namespace mirror::ops {
 /// worker before any value changes (with R = 1, in the same hand-off as step 2).
 ///
 /// **Bits**: local phase in replica order, then MPI's order over workers: the same bits for the
-/// same inputs, W, R, policy and MPI configuration.
+/// same inputs, W, R, policy and MPI configuration. With `Cross = MpiAllReduce{.deterministic =
+/// true}`, worker order on any MPI configuration: bitwise the serial loop over the global
+/// replicas (each worker's replicas in order, then the workers in order).
 template <class LocalOps, class Cross = MpiAllReduce>
 struct Hierarchical {
   LocalOps local{};
@@ -40,9 +42,15 @@ struct Hierarchical {
 
   friend bool operator==(const Hierarchical&, const Hierarchical&) = default;
 
+  /// Checks the local ops' settings, and hands the cross step's settings to the worker group
+  /// (`MpiAllReduce{.deterministic}` orders every cross-worker reduction of the strategy).
+  /// Strategy calls it once, as it is built.
   template <class Rt>
   void validate(const Rt& rt) const {
     if constexpr (requires { local.validate(rt); }) local.validate(rt);
+    if constexpr (detail::spans_workers<Rt> && requires(detail::worker_group& g) { cross.configure(g); }) {
+      cross.configure(*rt.workers());
+    }
   }
 
   template <class Rt, class E>

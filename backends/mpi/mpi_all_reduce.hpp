@@ -14,9 +14,23 @@ namespace mirror::ops {
 /// failure elsewhere can end it). `sum` (and `mean`'s sum), `min`, `max`, `prod` map to
 /// `MPI_SUM`, `MPI_MIN`, `MPI_MAX`, `MPI_PROD`.
 ///
-/// **Determinism**: the summation order across workers is Open MPI's; it is the same run after
-/// run for the same W, count and MCA settings (measured), not guaranteed by the MPI standard.
+/// **Determinism**: by default the order across workers is Open MPI's; it is the same run after
+/// run for the same W, count and MCA settings (measured), not guaranteed by the MPI standard,
+/// and it changes with the algorithm Open MPI picks. `.deterministic = true` folds every
+/// element in worker order, (((w0 op w1) op w2) ...), on any MPI configuration: an all-to-all
+/// of W slices, a local fold, an all-gather (the bytes of a ring all-reduce; one more
+/// collective, so small messages pay one more latency). It applies to every floating-point
+/// cross-worker reduction of the strategy (`Strategy::reduce` and sync-on-read values too).
+///
+/// **Example**:
+/// \code
+/// using Ops = mirror::ops::Hierarchical<mirror::ops::ChunkOwnerAllReduce, mirror::ops::MpiAllReduce>;
+/// mirror::Strategy<mirror::devices::Cluster<mirror::devices::Threads>, Ops> s{{}, Ops{.cross = {.deterministic = true}}};
+/// \endcode
 struct MpiAllReduce {
+  /// Fold the workers' values in worker order instead of MPI's order.
+  bool deterministic = false;
+
   friend bool operator==(const MpiAllReduce&, const MpiAllReduce&) = default;
 
   /// Every worker's `data[0..n)` becomes the reduction over workers with `op` (never `mean`).
@@ -25,6 +39,10 @@ struct MpiAllReduce {
     g.all_reduce(data, n, detail::element_kind_of<E>(), op, "mirror::ReplicaContext::all_reduce (cross-worker step)",
                  checked);
   }
+
+  /// Called once by `ops::Hierarchical` as the strategy is built: the order is the group's, so
+  /// that every cross-worker reduction of the strategy follows it.
+  void configure(detail::worker_group& g) const noexcept { g.reduce_in_worker_order(deterministic); }
 };
 
 }  // namespace mirror::ops

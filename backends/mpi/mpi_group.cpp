@@ -196,6 +196,7 @@ struct group::impl {
     const char* what;
     bool checked;
     std::exception_ptr error;
+    bool in_worker_order = false;  // reduce: fold the workers' values in worker order (see reduce_in_worker_order)
     clock::rep done_at = 0;          // when the thread finished it (written before `done`)
     std::atomic<bool> done{false};  // set (under mutex) after everything else the thread writes
   };
@@ -209,6 +210,7 @@ struct group::impl {
 
   MPI_Comm data = MPI_COMM_NULL, control = MPI_COMM_NULL;
   int W = 1, w = 0, R = 1;
+  bool worker_order = false;  // floating-point reductions fold in worker order (set before any collective)
   unsigned cores = 1;  // this worker's share of its host's cores
   std::chrono::milliseconds timeout;
   bool validate = true;
@@ -465,6 +467,10 @@ struct group::impl {
       const bool check_first = j.kind == job::check || (validate && !(j.kind == job::reduce && j.checked));
       if (check_first) agree(j);
       if (j.kind == job::check) return;
+      if (j.kind == job::reduce && j.in_worker_order) {
+        reduce_in_worker_order(j);
+        return;
+      }
       ++sequence;
       MPI_Request request = MPI_REQUEST_NULL;
       if (j.kind == job::reduce) {
@@ -489,11 +495,58 @@ struct group::impl {
     }
   }
 
+  /// An all-reduce whose every element folds the workers' values in worker order, (((x0 op x1)
+  /// op x2) ...), whatever MPI's algorithms and settings (multi_worker.md 5.2): worker p gets
+  /// slice p of every worker's buffer (MPI_Ialltoallv), folds the W copies in worker order
+  /// (MPI_Reduce_local: inout = in op inout, and a op b == b op a bitwise for IEEE sums and
+  /// products, so each step is acc op x_p), and every worker gathers every slice
+  /// (MPI_Iallgatherv in place). The bytes moved equal a ring all-reduce's: 2 (W-1)/W of the
+  /// buffer per worker.
+  void reduce_in_worker_order(job& j) {
+    const std::size_t n = j.count, bytes = j.element.bytes;
+    std::vector<int> counts(static_cast<std::size_t>(W)), displs(static_cast<std::size_t>(W));
+    for (int p = 0; p < W; ++p) {  // balanced slices: the first n % W get one more
+      const std::size_t q = n / static_cast<std::size_t>(W), extra = n % static_cast<std::size_t>(W);
+      const std::size_t up = static_cast<std::size_t>(p);
+      counts[up] = static_cast<int>(q + (up < extra ? 1 : 0));
+      displs[up] = static_cast<int>(up * q + std::min(up, extra));
+    }
+    const int mine = counts[static_cast<std::size_t>(w)];
+    const MPI_Datatype type = datatype_of(j.element);
+    std::vector<int> from(static_cast<std::size_t>(W), mine), at(static_cast<std::size_t>(W));
+    for (int p = 0; p < W; ++p) at[static_cast<std::size_t>(p)] = p * mine;
+    // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
+    auto rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, static_cast<std::size_t>(W) *
+                                                                              static_cast<std::size_t>(mine) * bytes));
+    ++sequence;
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ialltoallv(j.data, counts.data(), displs.data(), type, rows.get(), from.data(), at.data(), type, data,
+                         &request),
+          "MPI_Ialltoallv (in worker order)", j.what);
+    wait_keeping(request, j.what, rows);
+    const std::size_t row = static_cast<std::size_t>(mine) * bytes;
+    for (int p = 1; p < W; ++p) {
+      check(MPI_Reduce_local(rows.get() + static_cast<std::size_t>(p) * row, rows.get(), mine, type, op_of(j.op)),
+            "MPI_Reduce_local (in worker order)", j.what);
+    }
+    if (row != 0) {
+      std::memcpy(static_cast<unsigned char*>(j.data) + static_cast<std::size_t>(displs[static_cast<std::size_t>(w)]) * bytes,
+                  rows.get(), row);
+    }
+    ++sequence;
+    check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, counts.data(), displs.data(), type, data,
+                          &request),
+          "MPI_Iallgatherv (in worker order)", j.what);
+    wait(request, j.what);
+  }
+
   /// The agreement check: {key, -key} under MAX; on a mismatch every worker gathers every
   /// worker's description and throws the same shape_error.
   void agree(job& j) {
     const bool bcast = j.kind == job::bcast;
-    const std::uint64_t what_kind = bcast ? 1000 + static_cast<std::uint64_t>(j.root) : static_cast<std::uint64_t>(j.op);
+    // An op in worker order is another collective (an all-to-all and an all-gather): +100.
+    const std::uint64_t what_kind = bcast ? 1000 + static_cast<std::uint64_t>(j.root)
+                                          : static_cast<std::uint64_t>(j.op) + (j.in_worker_order ? 100 : 0);
     const std::uint64_t element = bcast ? 0 : (static_cast<std::uint64_t>(j.element.cat) << 8 | j.element.bytes);
     const std::int64_t key = agreement_key(j.count, element, what_kind);
     // On the heap, and kept if the check is given up on (keep_until_exit says why).
@@ -529,7 +582,8 @@ struct group::impl {
         const detail::element_kind k{static_cast<detail::element_kind::category>(d[1] >> 8),
                                      static_cast<std::uint8_t>(d[1] & 0xff)};
         text += "reduces " + std::to_string(d[0]) + " " + kind_name(k) + " elements with " +
-                std::string(mirror::to_string(static_cast<ReduceOp>(d[2])));
+                std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) +
+                (d[2] >= 100 ? " in worker order (MpiAllReduce{.deterministic = true})" : "");
       }
     }
     text += "; every replica of every worker must make the same collective calls with leaves of the same sizes";
@@ -888,11 +942,13 @@ group::~group() {
 int group::num_workers() const noexcept { return impl_->W; }
 int group::worker_index() const noexcept { return impl_->w; }
 int group::local_replicas() const noexcept { return impl_->R; }
+void group::reduce_in_worker_order(bool on) noexcept { impl_->worker_order = on; }
 unsigned group::host_cores() const noexcept { return impl_->cores; }
 
 void group::check_all_reduce(std::size_t count, detail::element_kind kind, ReduceOp op, const char* what) {
   if (!impl_->validate) return;  // Cluster{.validate_shapes = false}: trust the program
   impl::job j{impl::job::check, nullptr, count, kind, op, 0, what, false, nullptr};
+  j.in_worker_order = impl_->worker_order && kind.cat == detail::element_kind::category::floating;
   impl_->run(j);
 }
 
@@ -903,6 +959,8 @@ void group::all_reduce(void* data, std::size_t count, detail::element_kind kind,
                                 " elements in one cross-worker all-reduce exceed MPI's int count; split the leaf");
   }
   impl::job j{impl::job::reduce, data, count, kind, op, 0, what, checked, nullptr};
+  // Integer reductions are exact in any order (two's complement wraps alike): MPI's own.
+  j.in_worker_order = impl_->worker_order && kind.cat == detail::element_kind::category::floating;
   impl_->run(j);
 }
 

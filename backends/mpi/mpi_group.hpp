@@ -44,6 +44,7 @@ class group final : public detail::worker_group {
   /// 1/k, k = the workers on the host whose masks hold it. Its local pool spins only while
   /// every replica has one of these.
   unsigned host_cores() const noexcept;
+  void reduce_in_worker_order(bool on) noexcept override;
   void check_all_reduce(std::size_t count, detail::element_kind kind, ReduceOp op, const char* what) override;
   void all_reduce(void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
                   bool checked) override;

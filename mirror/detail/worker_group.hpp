@@ -53,6 +53,14 @@ class worker_group {
   /// Local replicas per worker (equal on every worker, checked at construction).
   virtual int local_replicas() const noexcept = 0;
 
+  /// From now on, every floating-point `all_reduce` folds the workers' values in worker order,
+  /// (((w0 op w1) op w2) ...), whatever the backend's algorithms and settings: the same bits for
+  /// the same inputs and W on any MPI configuration. Integer reductions are exact in any order
+  /// and keep the backend's. Set by the ops (`ops::MpiAllReduce{.deterministic = true}`) when the
+  /// strategy is built, before any collective; every worker must set the same (a mismatch is a
+  /// `shape_error` at the next reduction).
+  virtual void reduce_in_worker_order(bool on) noexcept = 0;
+
   /// Only the agreement check of an all_reduce of `count` elements: a `shape_error` on every
   /// worker when some worker passes another count, element type or op. Lets a caller fail
   /// before it changes any value (then it passes `checked = true` to the all_reduce).

@@ -202,6 +202,77 @@ TEST_CASE("cluster: random floats: the same bits on every worker and run after r
   }
 }
 
+TEST_CASE("cluster: MpiAllReduce{.deterministic} folds in worker order: the serial loop's bits at every size and W",
+          "[mpi]") {
+  // The default order is Open MPI's: worker order only up to 3 workers and, from 64 KiB, 2 (the
+  // case above). In worker order the result is bitwise the hierarchical serial loop for any W,
+  // size and MPI setting (this binary also runs over TCP and with 3 workers; with the default
+  // order this case fails with 3 workers at 100003 floats and with 4 at every size from 7).
+  using Ops = mirror::ops::Hierarchical<mirror::ops::ChunkOwnerAllReduce, mirror::ops::MpiAllReduce>;
+  using Ordered = mirror::Strategy<Cluster, Ops>;
+  const int W = world_size();
+  for (const int R : {1, 2}) {
+    const int N = W * R;
+    Ordered s{Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30)}, Ops{.cross = {.deterministic = true}}};
+    for (const std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{4099}, std::size_t{100003}}) {
+      std::vector<std::vector<float>> inputs(static_cast<std::size_t>(N), std::vector<float>(n));
+      std::mt19937 gen(11);
+      std::uniform_real_distribution<float> dist(-1.f, 1.f);
+      for (auto& v : inputs) {
+        for (auto& x : v) x = dist(gen) * std::exp2(float(int(gen() % 16)));  // magnitudes apart: order shows
+      }
+      for (const auto op : mirror::test::all_ops) {
+        CAPTURE(R, n, mirror::to_string(op));
+        const auto want = hierarchical_reference<float>(op, W, R, inputs);
+        std::atomic<int> wrong{0};
+        s.run([&](auto& ctx) {
+          std::vector<float> mine = inputs[static_cast<std::size_t>(ctx.replica_id_in_sync_group())];
+          ctx.all_reduce(op, std::span<float>(mine));  // one leaf: reduced in place
+          if (!mirror::test::same_bits(mine.data(), want.data(), n)) ++wrong;
+        });
+        CHECK(wrong == 0);
+      }
+      // Several leaves go through the staging buffer; a double leaf as well.
+      std::vector<std::vector<double>> doubles(static_cast<std::size_t>(N), std::vector<double>(n));
+      for (auto& v : doubles) {
+        for (auto& x : v) x = double(dist(gen)) * std::exp2(double(int(gen() % 40)));
+      }
+      const auto want_f = hierarchical_reference<float>(ReduceOp::sum, W, R, inputs);
+      const auto want_d = hierarchical_reference<double>(ReduceOp::sum, W, R, doubles);
+      std::atomic<int> wrong{0};
+      s.run([&](auto& ctx) {
+        const auto g = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+        const auto out = ctx.all_reduce(ReduceOp::sum, std::make_tuple(inputs[g], doubles[g]));
+        if (!mirror::test::same_bits(std::get<0>(*out).data(), want_f.data(), n)) ++wrong;
+        if (!mirror::test::same_bits(std::get<1>(*out).data(), want_d.data(), n)) ++wrong;
+      });
+      CHECK(wrong == 0);
+      // Strategy::reduce of host values follows the same order.
+      const auto per = s.run([&](auto& ctx) { return inputs[static_cast<std::size_t>(ctx.replica_id_in_sync_group())]; });
+      const std::vector<float> reduced = s.reduce(ReduceOp::sum, per);
+      CHECK(mirror::test::same_bits(reduced.data(), want_f.data(), n));
+    }
+  }
+}
+
+TEST_CASE("cluster: workers that disagree on MpiAllReduce{.deterministic} get a shape_error, and go on", "[mpi][mismatch]") {
+  using Ops = mirror::ops::Hierarchical<mirror::ops::ChunkOwnerAllReduce, mirror::ops::MpiAllReduce>;
+  const int w = world_rank();
+  mirror::Strategy<Cluster, Ops> s{Cluster{.local = {.replicas = 1}, .timeout = std::chrono::seconds(30)},
+                                   Ops{.cross = {.deterministic = w == 0}}};
+  try {
+    s.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, std::vector<float>(10, 1.f)); });
+    FAIL("no shape_error");
+  } catch (const mirror::shape_error& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("worker 0 (replicas 0..0) reduces 10 float32 elements with sum in "
+                                                      "worker order (MpiAllReduce{.deterministic = true})"));
+    CHECK_THAT(std::string(e.what()), Catch::Contains("worker 1 (replicas 1..1) reduces 10 float32 elements with sum;"));
+  }
+  // Integers are exact in any order, so the setting does not apply to them: they still agree.
+  const auto v = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 2); });
+  CHECK(v.primary() == 2 * s.num_replicas_in_sync());
+}
+
 TEST_CASE("cluster: a nest of several element types is reduced leaf by leaf", "[mpi]") {
   const int W = world_size();
   Strategy& s = strategy_with(2);
