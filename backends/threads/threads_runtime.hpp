@@ -130,11 +130,26 @@ class runtime {
   E* scratch(int self, std::size_t n) {
     per_replica& me = replica_[static_cast<std::size_t>(self)];
     const std::size_t bytes = std::max<std::size_t>(n * sizeof(E), 64);
+    me.scratch_peak = std::max(me.scratch_peak, bytes);
     if (bytes > me.scratch_bytes) {
       me.scratch.reset(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64})));
       me.scratch_bytes = bytes;
+      ++me.scratch_allocations;
     }
     return reinterpret_cast<E*>(me.scratch.get());
+  }
+
+  /// Scratch memory the replicas hold between parallel calls, in bytes (call while none runs).
+  std::size_t scratch_bytes() const noexcept {
+    std::size_t total = 0;
+    for (int r = 0; r < n_; ++r) total += replica_[static_cast<std::size_t>(r)].scratch_bytes;
+    return total;
+  }
+  /// How many times the replicas allocated scratch (a training loop's count stops growing).
+  std::uint64_t scratch_allocations() const noexcept {
+    std::uint64_t total = 0;
+    for (int r = 0; r < n_; ++r) total += replica_[static_cast<std::size_t>(r)].scratch_allocations;
+    return total;
   }
 
   template <class E>
@@ -160,6 +175,8 @@ class runtime {
     std::atomic<std::uint64_t> finished{0};           // epoch of the last parallel call whose f returned
     std::unique_ptr<std::byte, aligned_delete> scratch;
     std::size_t scratch_bytes = 0;
+    std::size_t scratch_peak = 0;  // the largest request since the last trim (trim_scratch)
+    std::uint64_t scratch_allocations = 0;
   };
   struct alignas(64) slot {
     unsigned char bytes[max_exchange_bytes];
@@ -174,6 +191,7 @@ class runtime {
   // above all): one copy, instead of one per replica function.
   void run_job(void (*job)(void*, int) noexcept, void* arg) {
     reset_collectives();
+    trim_scratch();
     job_ = job;
     job_arg_ = arg;
     epoch_ = job_seq_.load(std::memory_order_relaxed) + 1;
@@ -207,6 +225,26 @@ class runtime {
       if (stop_.load(std::memory_order_acquire)) return;
       run_one(r);
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_lot_.wake();
+    }
+  }
+
+  // Scratch grows to the largest request and is kept, so a training loop's collectives allocate
+  // once. Every `trim_period` parallel calls, a replica whose largest request in that window
+  // was under a quarter of what it holds (none at all, or small ones after a one-off large
+  // collective: an initial broadcast, a final reduce of a whole model) frees it; its next
+  // request allocates what it needs. Called while no replica runs (they touch only their own
+  // scratch, and the last parallel call's end ordered their writes before this).
+  static constexpr std::uint64_t trim_period = 16;
+  void trim_scratch() noexcept {
+    if (++calls_since_trim_ < trim_period) return;
+    calls_since_trim_ = 0;
+    for (int r = 0; r < n_; ++r) {
+      per_replica& me = replica_[static_cast<std::size_t>(r)];
+      if (me.scratch_peak < me.scratch_bytes / 4) {
+        me.scratch.reset();
+        me.scratch_bytes = 0;
+      }
+      me.scratch_peak = 0;
     }
   }
 
@@ -294,6 +332,7 @@ class runtime {
   void (*job_)(void*, int) noexcept = nullptr;
   void* job_arg_ = nullptr;
   std::uint64_t epoch_ = 0;  // job_seq_ of the current parallel call
+  std::uint64_t calls_since_trim_ = 0;  // parallel calls since trim_scratch last looked
   alignas(64) std::atomic<int> pending_{0};
   alignas(64) std::atomic<int> arrived_{0};
   // What barrier spinners poll, on one line, written only when a barrier opens or is cancelled.

@@ -142,3 +142,36 @@ TEST_CASE("the pool counts the cores of its affinity mask", "[threads][pool]") {
   const auto out = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::max, ctx.replica_id_in_sync_group()); });
   for (int v : out) REQUIRE(v == 3);
 }
+
+TEST_CASE("scratch of a one-off large collective is freed; a loop's is kept", "[threads][pool]") {
+  // ReductionToOneDevice accumulates in the scratch of the replica it reduces to.
+  mirror::Strategy<mirror::devices::Threads, mirror::ops::ReductionToOneDevice> s{{.replicas = 2}};
+  const std::size_t n = 1u << 18;  // 1 MiB of floats
+  const std::size_t held = n * sizeof(float);
+  auto big = [&] {
+    const auto out = s.run([&](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, std::vector<float>(n, 1.f)); });
+    REQUIRE(out.primary() == std::vector<float>(n, 2.f));
+  };
+  auto none = [&] { s.run([](auto&) {}); };
+  // A loop that reduces 1 MiB every other call keeps the buffer across every trim point: no
+  // allocation after the first call.
+  big();
+  const auto allocations = s.runtime().scratch_allocations();
+  for (int k = 0; k < 40; ++k) {
+    big();
+    none();
+    REQUIRE(s.runtime().scratch_bytes() >= held);
+  }
+  CHECK(s.runtime().scratch_allocations() == allocations);
+  // After a one-off, small collectives only: the 1 MiB goes within one trim period (16 calls).
+  for (int k = 0; k < 40; ++k) {
+    const auto out = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1.f); });
+    REQUIRE(out.primary() == 2.f);
+  }
+  CHECK(s.runtime().scratch_bytes() < held / 4);
+  // No collective at all: nothing is held.
+  for (int k = 0; k < 40; ++k) none();
+  CHECK(s.runtime().scratch_bytes() == 0);
+  big();  // and it comes back when needed
+  CHECK(s.runtime().scratch_bytes() >= held);
+}
