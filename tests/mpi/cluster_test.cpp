@@ -33,15 +33,26 @@ using Cluster = mirror::devices::Cluster<mirror::devices::Threads>;
 using Strategy = mirror::Strategy<Cluster>;
 using mirror::ReduceOp;
 
-// One strategy per local replica count for the whole program (each one's construction is a
-// collective over MPI_COMM_WORLD and starts a thread pool).
+// The cases share one strategy (each construction is a collective over MPI_COMM_WORLD and
+// starts a thread pool), rebuilt when a case asks for another local replica count. One at a
+// time on purpose: Open MPI advances a non-blocking collective inside whichever thread calls
+// MPI, so a second strategy's idle communication thread (polling its control communicator) can
+// copy this one's data into its buffer. Open MPI orders that copy before the owner's MPI_Test
+// with its own atomics, which ThreadSanitizer cannot see: it reports a race on the result in
+// the sanitizer build (README, Sanitizers).
+std::unique_ptr<Strategy>& shared_strategy() {
+  static std::unique_ptr<Strategy> s;
+  return s;
+}
+void drop_shared_strategy() { shared_strategy().reset(); }
 Strategy& strategy_with(int replicas) {
-  static std::unique_ptr<Strategy> s[3];
-  // A 30 s timeout: a bug fails a case in 30 s instead of hanging.
-  if (!s[replicas]) {
-    s[replicas] = std::make_unique<Strategy>(Cluster{.local = {.replicas = replicas}, .timeout = std::chrono::seconds(30)});
+  auto& s = shared_strategy();
+  if (!s || s->num_replicas_in_sync() != world_size() * replicas) {
+    s.reset();  // before the next is built: never two
+    // A 30 s timeout: a bug fails a case in 30 s instead of hanging.
+    s = std::make_unique<Strategy>(Cluster{.local = {.replicas = replicas}, .timeout = std::chrono::seconds(30)});
   }
-  return *s[replicas];
+  return *s;
 }
 
 // Serial reference in the hierarchical order: each worker folds its replicas 0..R-1, then the
@@ -90,6 +101,7 @@ TEST_CASE("cluster: each worker's pool counts its share of the host's cores", "[
   MPI_Allgather(&mine, sizeof mine, MPI_BYTE, masks.data(), sizeof mine, MPI_BYTE, host);
   MPI_Comm_free(&host);
   const bool same = std::all_of(masks.begin(), masks.end(), [&](const cpu_set_t& m) { return CPU_EQUAL(&m, &mine); });
+  drop_shared_strategy();
   mirror::mpi::group g{{.comm = {}, .local_replicas = 1, .timeout = std::chrono::seconds(30), .validate_shapes = true}};
   const unsigned cores = g.host_cores();
   CAPTURE(on_host, CPU_COUNT(&mine), cores);
@@ -211,6 +223,7 @@ TEST_CASE("cluster: MpiAllReduce{.deterministic} folds in worker order: the seri
   using Ops = mirror::ops::Hierarchical<mirror::ops::ChunkOwnerAllReduce, mirror::ops::MpiAllReduce>;
   using Ordered = mirror::Strategy<Cluster, Ops>;
   const int W = world_size();
+  drop_shared_strategy();
   for (const int R : {1, 2}) {
     const int N = W * R;
     Ordered s{Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30)}, Ops{.cross = {.deterministic = true}}};
@@ -258,6 +271,7 @@ TEST_CASE("cluster: MpiAllReduce{.deterministic} folds in worker order: the seri
 TEST_CASE("cluster: workers that disagree on MpiAllReduce{.deterministic} get a shape_error, and go on", "[mpi][mismatch]") {
   using Ops = mirror::ops::Hierarchical<mirror::ops::ChunkOwnerAllReduce, mirror::ops::MpiAllReduce>;
   const int w = world_rank();
+  drop_shared_strategy();
   mirror::Strategy<Cluster, Ops> s{Cluster{.local = {.replicas = 1}, .timeout = std::chrono::seconds(30)},
                                    Ops{.cross = {.deterministic = w == 0}}};
   try {
