@@ -25,7 +25,8 @@
 /// - Memory plane: `pointer<E>` is a handle into one replica's memory supporting `p + n` (a raw
 ///   `E*` on host devices, an opaque handle elsewhere). `rt.attach(self, std::span<E>)` makes a
 ///   host leaf visible on `self` and `rt.detach(self, p, std::span<E>)` writes it back;
-///   `rt.scratch<E>(self, n)` is `self`'s scratch space, valid until `self`'s next `scratch`;
+///   `rt.scratch<E>(self, n)` is `self`'s scratch space, valid until `self`'s next `scratch` and
+///   at most until the parallel call ends (a runtime may free what a later call does not need);
 ///   `rt.copy(self, p, q, n)` copies `n` elements from `q` to `p`, `rt.combine(self, op, p, q, n)`
 ///   sets `p[i] = p[i] op q[i]`, `rt.divide(self, p, n, count)` divides by `count` (for mean),
 ///   whichever replicas `p` and `q` live on.
