@@ -227,7 +227,8 @@ TEST_CASE("cluster: MpiAllReduce{.deterministic} folds in worker order: the seri
   for (const int R : {1, 2}) {
     const int N = W * R;
     Ordered s{Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30)}, Ops{.cross = {.deterministic = true}}};
-    for (const std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{4099}, std::size_t{100003}}) {
+    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{4099},
+                                std::size_t{100003}}) {
       std::vector<std::vector<float>> inputs(static_cast<std::size_t>(N), std::vector<float>(n));
       std::mt19937 gen(11);
       std::uniform_real_distribution<float> dist(-1.f, 1.f);
