@@ -32,8 +32,12 @@ namespace mirror::devices {
 /// unless the program did (then at least `MPI_THREAD_SERIALIZED` is required), duplicates `comm`
 /// twice with `MPI_ERRORS_RETURN`, checks that R is equal on every worker
 /// (`std::invalid_argument` naming the workers otherwise) and starts one communication thread:
-/// every MPI call of mirror happens there. Pair it with ops that cross workers (they declare
-/// `crosses_workers`: `ops::Hierarchical`, `ops::NcclAllReduce`); others do not compile.
+/// every MPI call of mirror happens there. Each of these steps waits at most `timeout` for the
+/// other workers (`timeout_error`, not a hang, when one never builds its strategy). A
+/// `Threads` pool is then told the worker's share of its host's cores (`mpi::group::host_cores`),
+/// so that workers sharing a host park rather than spin through each other's time slices.
+/// Pair it with ops that cross workers (they declare `crosses_workers`: `ops::Hierarchical`,
+/// `ops::NcclAllReduce`); others do not compile.
 ///
 /// **Local devices**: host devices (`devices::Threads`; default ops `ops::Hierarchical`), and in
 /// builds with NCCL `devices::Cuda` (default ops `ops::NcclAllReduce`: one NCCL communicator per
