@@ -81,6 +81,10 @@ struct Cluster {
       // Workers on one host share its cores: a pool that counted them all would spin through
       // the time slices of the other workers' replicas and of its own communication thread.
       if constexpr (requires(runtime_t<Local>& r) { r.limit_cores(1u); }) this->limit_cores(group_->host_cores());
+      // Scratch stages the cross step of several leaves; after a failure Open MPI may still
+      // write into it (a posted collective cannot be cancelled), so it lives as long as the
+      // strategy, never trimmed between calls.
+      if constexpr (requires(runtime_t<Local>& r) { r.keep_scratch(); }) this->keep_scratch();
     }
 
     /// The cross-worker collectives (never null).

@@ -145,6 +145,11 @@ class runtime {
     for (int r = 0; r < n_; ++r) total += replica_[static_cast<std::size_t>(r)].scratch_bytes;
     return total;
   }
+  /// Never free scratch between parallel calls (see trim_scratch). devices::Cluster asks for it:
+  /// there scratch stages cross-worker collectives, which Open MPI may still write into after a
+  /// failure abandoned them (it cannot cancel them), until the strategy is destroyed.
+  void keep_scratch() noexcept { trim_ = false; }
+
   /// How many times the replicas allocated scratch (a training loop's count stops growing).
   std::uint64_t scratch_allocations() const noexcept {
     std::uint64_t total = 0;
@@ -236,7 +241,7 @@ class runtime {
   // scratch, and the last parallel call's end ordered their writes before this).
   static constexpr std::uint64_t trim_period = 16;
   void trim_scratch() noexcept {
-    if (++calls_since_trim_ < trim_period) return;
+    if (!trim_ || ++calls_since_trim_ < trim_period) return;
     calls_since_trim_ = 0;
     for (int r = 0; r < n_; ++r) {
       per_replica& me = replica_[static_cast<std::size_t>(r)];
@@ -333,6 +338,7 @@ class runtime {
   void* job_arg_ = nullptr;
   std::uint64_t epoch_ = 0;  // job_seq_ of the current parallel call
   std::uint64_t calls_since_trim_ = 0;  // parallel calls since trim_scratch last looked
+  bool trim_ = true;                     // false after keep_scratch()
   alignas(64) std::atomic<int> pending_{0};
   alignas(64) std::atomic<int> arrived_{0};
   // What barrier spinners poll, on one line, written only when a barrier opens or is cancelled.
