@@ -25,6 +25,7 @@
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/replica_rows.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <mirror/error.hpp>
 #include <mirror/input_context.hpp>
@@ -43,14 +44,6 @@ struct InputOptions {
 };
 
 namespace detail {
-
-/// TF's split of G rows over R replicas: the first G mod R replicas get one more row.
-/// Returns replica r's rows [first, first + count).
-constexpr std::pair<std::size_t, std::size_t> replica_rows(std::size_t global, int replicas, int r) noexcept {
-  const std::size_t n = static_cast<std::size_t>(replicas), i = static_cast<std::size_t>(r);
-  const std::size_t base = global / n, extra = global % n;
-  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
-}
 
 // ---- batch leaves: things with a leading (row) dimension, and their views ----
 template <class L>

@@ -33,6 +33,7 @@
 #if defined(__linux__)
 #include <sched.h>
 #endif
+#include <mirror/detail/replica_rows.hpp>
 #include <mirror/error.hpp>
 
 namespace mirror::mpi {
@@ -211,6 +212,11 @@ struct group::impl {
   MPI_Comm data = MPI_COMM_NULL, control = MPI_COMM_NULL;
   int W = 1, w = 0, R = 1;
   bool worker_order = false;  // floating-point reductions fold in worker order (set before any collective)
+  // Whether a reduction of `kind` folds in worker order. Integer reductions are exact in any
+  // order (two's complement wraps alike): they keep MPI's own.
+  bool in_worker_order(detail::element_kind kind) const noexcept {
+    return worker_order && kind.cat == detail::element_kind::category::floating;
+  }
   unsigned cores = 1;  // this worker's share of its host's cores
   std::chrono::milliseconds timeout;
   bool validate = true;
@@ -503,13 +509,12 @@ struct group::impl {
   /// (MPI_Iallgatherv in place). The bytes moved equal a ring all-reduce's: 2 (W-1)/W of the
   /// buffer per worker.
   void reduce_in_worker_order(job& j) {
-    const std::size_t n = j.count, bytes = j.element.bytes;
+    const std::size_t bytes = j.element.bytes;
     std::vector<int> counts(static_cast<std::size_t>(W)), displs(static_cast<std::size_t>(W));
-    for (int p = 0; p < W; ++p) {  // balanced slices: the first n % W get one more
-      const std::size_t q = n / static_cast<std::size_t>(W), extra = n % static_cast<std::size_t>(W);
-      const std::size_t up = static_cast<std::size_t>(p);
-      counts[up] = static_cast<int>(q + (up < extra ? 1 : 0));
-      displs[up] = static_cast<int>(up * q + std::min(up, extra));
+    for (int p = 0; p < W; ++p) {  // balanced slices, as input rows over replicas
+      const auto [first, count] = detail::replica_rows(j.count, W, p);
+      displs[static_cast<std::size_t>(p)] = static_cast<int>(first);
+      counts[static_cast<std::size_t>(p)] = static_cast<int>(count);
     }
     const int mine = counts[static_cast<std::size_t>(w)];
     const MPI_Datatype type = datatype_of(j.element);
@@ -948,7 +953,7 @@ unsigned group::host_cores() const noexcept { return impl_->cores; }
 void group::check_all_reduce(std::size_t count, detail::element_kind kind, ReduceOp op, const char* what) {
   if (!impl_->validate) return;  // Cluster{.validate_shapes = false}: trust the program
   impl::job j{impl::job::check, nullptr, count, kind, op, 0, what, false, nullptr};
-  j.in_worker_order = impl_->worker_order && kind.cat == detail::element_kind::category::floating;
+  j.in_worker_order = impl_->in_worker_order(kind);
   impl_->run(j);
 }
 
@@ -959,8 +964,7 @@ void group::all_reduce(void* data, std::size_t count, detail::element_kind kind,
                                 " elements in one cross-worker all-reduce exceed MPI's int count; split the leaf");
   }
   impl::job j{impl::job::reduce, data, count, kind, op, 0, what, checked, nullptr};
-  // Integer reductions are exact in any order (two's complement wraps alike): MPI's own.
-  j.in_worker_order = impl_->worker_order && kind.cat == detail::element_kind::category::floating;
+  j.in_worker_order = impl_->in_worker_order(kind);
   impl_->run(j);
 }
 
