@@ -27,6 +27,7 @@
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/host_reduce.hpp>
 #include <mirror/detail/leaf_math.hpp>
+#include <mirror/detail/rethrow_first.hpp>
 #include <mirror/detail/run_result.hpp>
 #include <mirror/error.hpp>
 #include <mirror/distributed_dataset.hpp>
@@ -531,25 +532,7 @@ class Strategy {
 
   /// Rethrows the lowest replica's error, if any, leaving `errors` empty for the next run.
   void rethrow_first(std::vector<std::exception_ptr>& errors) const {
-    std::exception_ptr first;
-    int replica = 0;
-    for (std::size_t r = 0; r < errors.size(); ++r) {
-      if (errors[r] && !first) {
-        first = std::move(errors[r]);
-        replica = static_cast<int>(r);
-      }
-      errors[r] = nullptr;
-    }
-    if (!first) return;
-    try {
-      std::rethrow_exception(first);
-    } catch (const error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw replica_error(first_local_replica() + replica, e.what());
-    } catch (...) {
-      throw replica_error(first_local_replica() + replica, "an exception not derived from std::exception");
-    }
+    detail::rethrow_first(errors, first_local_replica());
   }
 
   /// Runs body(part, parts) over the device's threads when the work is large and we are outside

@@ -12,6 +12,7 @@
 #include <mirror/detail/collective.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/segments.hpp>
+#include <mirror/detail/separate_compilation.hpp>
 #include <mirror/reduce_op.hpp>
 
 namespace mirror::ops {
@@ -47,55 +48,74 @@ struct ChunkOwnerAllReduce {
 
  private:
   template <class Rt, class E>
-  static void small(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) {
-    constexpr std::size_t capacity = latency_bytes / sizeof(E) > 0 ? latency_bytes / sizeof(E) : 1;
-    struct line {
-      E values[capacity];
-    };
-    line mine{};
-    std::size_t at = 0;
-    for (std::size_t k = 0; k < s.leaves.size(); ++k) {
-      std::copy(s.leaves[k], s.leaves[k] + s.sizes[k], mine.values + at);
-      at += s.sizes[k];
-    }
-    const auto all = c.exchange(mine);
-    const std::size_t n = all.size();
-    if (n == 1) return;
-    line acc = all[0];
-    for (std::size_t r = 1; r < n; ++r) detail::combine_into(op, acc.values, all[r].values, s.total);
-    if (op == ReduceOp::mean) detail::divide_all(acc.values, s.total, n);
-    at = 0;
-    for (std::size_t k = 0; k < s.leaves.size(); ++k) {
-      std::copy(acc.values + at, acc.values + at + s.sizes[k], s.leaves[k]);
-      at += s.sizes[k];
-    }
-  }
-
+  static void small(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s);
   template <class Rt, class E>
-  static void large(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) {
-    struct post {
-      E* const* leaves;
-    };
-    const auto all = c.exchange(post{s.leaves.data()});
-    const int n = c.num_replicas();
-    if (n == 1) return;
-    constexpr std::size_t block = std::max<std::size_t>(1, block_bytes / sizeof(E));
-    alignas(64) E acc[block];
-    const auto [a, b] = detail::chunk_of<E>(0, s.total, c.self(), n);
-    detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t) {
-      for (std::size_t i = off; i < off + len; i += block) {
-        const std::size_t m = std::min(block, off + len - i);
-        std::memcpy(acc, all[0].leaves[k] + i, m * sizeof(E));
-        for (int r = 1; r < n; ++r) detail::combine_into(op, acc, all[static_cast<std::size_t>(r)].leaves[k] + i, m);
-        if (op == ReduceOp::mean) detail::divide_all(acc, m, static_cast<std::size_t>(n));
-        for (int r = 0; r < n; ++r) std::memcpy(all[static_cast<std::size_t>(r)].leaves[k] + i, acc, m * sizeof(E));
-      }
-    });
-    c.barrier();  // nobody returns (and reuses its buffer) before every slice is written back
-  }
+  static void large(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s);
 };
 
+// Out of the class, so that they are not inline: a separately compiled program then takes
+// them from libmirror_threads (mirror/detail/separate_compilation.hpp).
+template <class Rt, class E>
+void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) {
+  constexpr std::size_t capacity = latency_bytes / sizeof(E) > 0 ? latency_bytes / sizeof(E) : 1;
+  struct line {
+    E values[capacity];
+  };
+  line mine{};
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < s.leaves.size(); ++k) {
+    std::copy(s.leaves[k], s.leaves[k] + s.sizes[k], mine.values + at);
+    at += s.sizes[k];
+  }
+  const auto all = c.exchange(mine);
+  const std::size_t n = all.size();
+  if (n == 1) return;
+  line acc = all[0];
+  for (std::size_t r = 1; r < n; ++r) detail::combine_into(op, acc.values, all[r].values, s.total);
+  if (op == ReduceOp::mean) detail::divide_all(acc.values, s.total, n);
+  at = 0;
+  for (std::size_t k = 0; k < s.leaves.size(); ++k) {
+    std::copy(acc.values + at, acc.values + at + s.sizes[k], s.leaves[k]);
+    at += s.sizes[k];
+  }
+}
+
+template <class Rt, class E>
+void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) {
+  struct post {
+    E* const* leaves;
+  };
+  const auto all = c.exchange(post{s.leaves.data()});
+  const int n = c.num_replicas();
+  if (n == 1) return;
+  constexpr std::size_t block = std::max<std::size_t>(1, block_bytes / sizeof(E));
+  alignas(64) E acc[block];
+  const auto [a, b] = detail::chunk_of<E>(0, s.total, c.self(), n);
+  detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t) {
+    for (std::size_t i = off; i < off + len; i += block) {
+      const std::size_t m = std::min(block, off + len - i);
+      std::memcpy(acc, all[0].leaves[k] + i, m * sizeof(E));
+      for (int r = 1; r < n; ++r) detail::combine_into(op, acc, all[static_cast<std::size_t>(r)].leaves[k] + i, m);
+      if (op == ReduceOp::mean) detail::divide_all(acc, m, static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) std::memcpy(all[static_cast<std::size_t>(r)].leaves[k] + i, acc, m * sizeof(E));
+    }
+  });
+  c.barrier();  // nobody returns (and reuses its buffer) before every slice is written back
+}
+
 static_assert(cross_device_ops<ChunkOwnerAllReduce, devices::Threads>);
+
+#if MIRROR_DETAIL_EXTERN_TEMPLATES
+#define MIRROR_DETAIL_EXTERN(E)                                                                  \
+  extern template void ChunkOwnerAllReduce::small<devices::Threads::runtime, E>(                \
+      detail::collective<devices::Threads::runtime>&, ReduceOp,                                  \
+      const detail::segment_list<devices::Threads::runtime, E>&);                                \
+  extern template void ChunkOwnerAllReduce::large<devices::Threads::runtime, E>(                \
+      detail::collective<devices::Threads::runtime>&, ReduceOp,                                  \
+      const detail::segment_list<devices::Threads::runtime, E>&);
+MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_EXTERN)
+#undef MIRROR_DETAIL_EXTERN
+#endif
 
 }  // namespace mirror::ops
 

@@ -11,6 +11,7 @@
 #include <mirror/reduce_op.hpp>
 #include <mirror/detail/exchanged.hpp>
 #include <mirror/detail/format.hpp>
+#include <mirror/detail/separate_compilation.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <span>
 #include <string>
@@ -20,7 +21,10 @@ namespace mirror::detail {
 
 enum class collective_kind : std::uint32_t { all_reduce, broadcast, merge_call };
 
-inline std::string to_string(collective_kind k, int param) {
+MIRROR_DETAIL_INLINE std::string to_string(collective_kind k, int param);
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE std::string to_string(collective_kind k, int param) {
   switch (k) {
     case collective_kind::all_reduce: {
       const std::string_view op = mirror::to_string(static_cast<ReduceOp>(param));
@@ -31,6 +35,7 @@ inline std::string to_string(collective_kind k, int param) {
   }
   return "?";
 }
+#endif
 
 /// A leaf size that any size matches (resizable leaves of a broadcast take the source's size).
 inline constexpr std::size_t any_size = std::numeric_limits<std::size_t>::max();
@@ -68,15 +73,22 @@ inline bool same_call(const collective_header& a, const collective_header& b) no
 
 /// Whether every replica's header agrees with replica 0's, reading only inline fields. (Not a
 /// template over the exchanged payload: one copy per program, not one per collective type.)
-inline bool agree(const exchanged<collective_header>& hs) noexcept {
+MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_header>& hs) noexcept;
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_header>& hs) noexcept {
   for (std::size_t r = 1; r < hs.size(); ++r) {
     if (!same_call(hs[r], hs[0]) || *hs[r].nest != *hs[0].nest || hs[r].shape_hash != hs[0].shape_hash) return false;
   }
   return true;
 }
+#endif
 
 /// The message for a disagreement. Reads other replicas' frames: call it only while they wait.
-inline std::string describe_disagreement(const exchanged<collective_header>& hs) {
+MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collective_header>& hs);
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collective_header>& hs) {
   const collective_header& h0 = hs[0];
   const auto seq = [](const collective_header& h) { return static_cast<unsigned long long>(h.sequence); };
   for (std::size_t r = 1; r < hs.size(); ++r) {
@@ -105,6 +117,7 @@ inline std::string describe_disagreement(const exchanged<collective_header>& hs)
   return format("mirror: collective #%llu (%s): replicas disagree on the shapes of the leaves", seq(h0),
                 to_string(h0.kind, h0.param).c_str());
 }
+#endif
 
 /// The handle a cross-device ops policy receives for one collective call.
 template <class Rt>

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <string>
+#include <mirror/detail/separate_compilation.hpp>
 
 #if defined(__GNUC__)
 #define MIRROR_DETAIL_FORMAT_ATTRIBUTES __attribute__((cold, noinline, format(printf, 1, 2)))
@@ -21,7 +22,9 @@ namespace mirror::detail {
 
 /// std::vsnprintf into a std::string: `format("replica %d", r)`. Use %s with .c_str() for
 /// strings, %zu for std::size_t, %llu (with a cast) for 64-bit counters.
-MIRROR_DETAIL_FORMAT_ATTRIBUTES inline std::string format(const char* fmt, ...) {
+/// (Declared and defined in one: GCC warns of an inline definition after a noinline declaration.)
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_FORMAT_ATTRIBUTES MIRROR_DETAIL_INLINE std::string format(const char* fmt, ...) {
   std::va_list args;
   va_start(args, fmt);
   std::va_list again;
@@ -36,6 +39,9 @@ MIRROR_DETAIL_FORMAT_ATTRIBUTES inline std::string format(const char* fmt, ...) 
   va_end(args);
   return out;
 }
+#else
+MIRROR_DETAIL_FORMAT_ATTRIBUTES std::string format(const char* fmt, ...);
+#endif
 
 }  // namespace mirror::detail
 

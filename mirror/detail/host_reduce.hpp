@@ -15,6 +15,7 @@
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/segments.hpp>
+#include <mirror/detail/separate_compilation.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <mirror/error.hpp>
 
@@ -62,6 +63,13 @@ void reduce_range(ReduceOp op, E* out, const void* const* in, std::size_t n, std
   for (std::size_t r = 1; r < n; ++r) combine_into(op, out + begin, component(r), end - begin);
   if (op == ReduceOp::mean) divide_all(out + begin, end - begin, n);
 }
+#if MIRROR_DETAIL_EXTERN_TEMPLATES
+// Instantiated once, in libmirror_threads (separate_compilation.hpp).
+#define MIRROR_DETAIL_EXTERN(E) \
+  extern template void reduce_range<E>(ReduceOp, E*, const void* const*, std::size_t, std::size_t, std::size_t);
+MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_EXTERN)
+#undef MIRROR_DETAIL_EXTERN
+#endif
 
 /// out = the element-wise reduction of the components (out starts as a copy of component 0).
 /// `parallel(bytes, body)` runs body(part, parts) over the parts it chooses; each part reduces

@@ -5,6 +5,7 @@
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
+#include <mirror/detail/separate_compilation.hpp>
 #include <span>
 #include <utility>
 
@@ -45,5 +46,13 @@ std::pair<std::size_t, std::size_t> chunk_of(std::size_t a, std::size_t b, int r
   const std::size_t hi = std::min(b, lo + per);
   return {lo, hi};
 }
+
+#if MIRROR_DETAIL_EXTERN_TEMPLATES
+// Instantiated once, in libmirror_threads (separate_compilation.hpp).
+#define MIRROR_DETAIL_EXTERN(E) \
+  extern template std::pair<std::size_t, std::size_t> chunk_of<E>(std::size_t, std::size_t, int, int) noexcept;
+MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_EXTERN)
+#undef MIRROR_DETAIL_EXTERN
+#endif
 
 }  // namespace mirror::detail

@@ -6,6 +6,7 @@
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <string>
 #include <typeinfo>
+#include <mirror/detail/separate_compilation.hpp>
 #if __has_include(<cxxabi.h>)
 #include <cxxabi.h>
 #define MIRROR_HAS_CXXABI 1
@@ -13,7 +14,10 @@
 
 namespace mirror::detail {
 
-inline std::string demangle(const char* mangled) {
+MIRROR_DETAIL_INLINE std::string demangle(const char* mangled);
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE std::string demangle(const char* mangled) {
 #ifdef MIRROR_HAS_CXXABI
   int status = 0;
   std::unique_ptr<char, void (*)(void*)> p(abi::__cxa_demangle(mangled, nullptr, nullptr, &status),
@@ -22,6 +26,7 @@ inline std::string demangle(const char* mangled) {
 #endif
   return mangled;
 }
+#endif
 
 template <class T>
 std::string type_name() {

@@ -28,7 +28,13 @@ if [[ -z $pc ]]; then
   echo "FAIL: meson install did not install mirror.pc" >&2
   exit 1
 fi
-export PKG_CONFIG_PATH="$(dirname "$pc")"
+separate_pc=$(find "$destdir" -name mirror-separate.pc -print -quit)
+if [[ -z $separate_pc ]]; then
+  echo "FAIL: meson install did not install mirror-separate.pc" >&2
+  exit 1
+fi
+# mirror.pc lies in datadir in header-only builds; mirror-separate.pc names a library (libdir).
+export PKG_CONFIG_PATH="$(dirname "$pc"):$(dirname "$separate_pc")"
 # Relocate the install prefix into DESTDIR (not PKG_CONFIG_SYSROOT_DIR, which would also prefix
 # paths outside the install, such as the CUDA toolkit's -L and rpath in CUDA builds).
 prefix=$(pkg-config --variable=prefix mirror)
@@ -50,3 +56,14 @@ for program in "$src_dir"/tests/consumer/contract*.cpp; do
   esac
   echo "PASS: $name.cpp built with pkg-config mirror and ran"
 done
+
+# The same contract with MIRROR_SEPARATE_COMPILATION, in two translation units (the contract
+# and an empty one that includes everything too), against the installed libmirror_threads.
+separate_flags=$(pkg-config --define-variable=prefix="$destdir$prefix" --cflags --libs mirror-separate)
+echo "pkg-config --cflags --libs mirror-separate: $separate_flags"
+printf '#include <mirror/mirror.hpp>\nint second_translation_unit() { return 0; }\n' >"$tmp/second.cpp"
+# shellcheck disable=SC2086  # $cxx and $separate_flags are word lists
+$cxx -std=c++20 -O1 "${sanitize[@]}" "$src_dir/tests/consumer/contract.cpp" "$tmp/second.cpp" $separate_flags \
+  -o "$tmp/contract_separate"
+"$tmp/contract_separate"
+echo "PASS: contract.cpp built with pkg-config mirror-separate and ran"

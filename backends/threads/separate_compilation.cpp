@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+// libmirror_threads: the parts of mirror a program built with MIRROR_SEPARATE_COMPILATION
+// takes from a library instead of compiling them in every translation unit
+// (mirror/detail/separate_compilation.hpp says which and why). Header-only programs do not
+// need it. This file only instantiates: every definition is in the headers, where
+// MIRROR_DETAIL_BUILDING_LIBRARY makes the non-template ones ordinary (non-inline) functions.
+
+#define MIRROR_DETAIL_BUILDING_LIBRARY 1
+
+#include <backends/threads/chunk_owner_all_reduce.hpp>
+#include <backends/threads/threads_runtime.hpp>
+#include <mirror/detail/collective.hpp>
+#include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/format.hpp>
+#include <mirror/detail/host_reduce.hpp>
+#include <mirror/detail/rethrow_first.hpp>
+#include <mirror/detail/segments.hpp>
+#include <mirror/detail/type_name.hpp>
+
+namespace mirror::detail {
+#define MIRROR_DETAIL_INSTANTIATE(E)                                                                 \
+  template void combine_into<E>(ReduceOp, E* __restrict, const E* __restrict, std::size_t) noexcept; \
+  template void divide_all<E>(E*, std::size_t, std::size_t) noexcept;                                \
+  template std::pair<std::size_t, std::size_t> chunk_of<E>(std::size_t, std::size_t, int, int) noexcept; \
+  template void reduce_range<E>(ReduceOp, E*, const void* const*, std::size_t, std::size_t, std::size_t);
+MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_INSTANTIATE)
+#undef MIRROR_DETAIL_INSTANTIATE
+}  // namespace mirror::detail
+
+namespace mirror::ops {
+#define MIRROR_DETAIL_INSTANTIATE(E)                                                                       \
+  template void ChunkOwnerAllReduce::small<devices::Threads::runtime, E>(                                 \
+      detail::collective<devices::Threads::runtime>&, ReduceOp, const detail::segment_list<devices::Threads::runtime, E>&); \
+  template void ChunkOwnerAllReduce::large<devices::Threads::runtime, E>(                                 \
+      detail::collective<devices::Threads::runtime>&, ReduceOp, const detail::segment_list<devices::Threads::runtime, E>&);
+MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_INSTANTIATE)
+#undef MIRROR_DETAIL_INSTANTIATE
+}  // namespace mirror::ops

@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Separate compilation: mirror is header-only by default. A program that defines
+// MIRROR_SEPARATE_COMPILATION (to nothing or 1, in every translation unit, e.g. with
+// -DMIRROR_SEPARATE_COMPILATION from pkg-config's `mirror-separate`) and links libmirror_threads
+// compiles the parts of mirror that do not depend on its own types once, in that library,
+// instead of in every translation unit: the thread pool of devices::Threads, the default
+// all-reduce and the host reduction kernels for every arithmetic element type, and the builders
+// of error messages. They are half of what a translation unit that uses run, reduce and
+// all_reduce costs to compile at -O2 (README, Performance). The same technique as Boost.Asio's
+// BOOST_ASIO_SEPARATE_COMPILATION and spdlog's compiled mode.
+//
+// Headers use three macros from here:
+// * MIRROR_DETAIL_INLINE prefixes a non-template function defined below its declaration:
+//   `inline` when header-only, nothing in the library (one strong definition).
+// * MIRROR_DETAIL_HEADER_DEFINITIONS is 1 where such definitions are compiled: header-only
+//   translation units and the library's own source; 0 in a separately compiled program.
+// * MIRROR_DETAIL_EXTERN_TEMPLATES is 1 in a separately compiled program: headers then declare
+//   `extern template` instantiations of their element-type templates for every type in
+//   MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT, which the library instantiates. Other element types
+//   (none today: the list is every type detail::is_host_element accepts) instantiate as usual.
+
+#if defined(MIRROR_SEPARATE_COMPILATION) && !defined(MIRROR_DETAIL_BUILDING_LIBRARY)
+#define MIRROR_DETAIL_INLINE
+#define MIRROR_DETAIL_HEADER_DEFINITIONS 0
+#define MIRROR_DETAIL_EXTERN_TEMPLATES 1
+#elif defined(MIRROR_DETAIL_BUILDING_LIBRARY)
+#define MIRROR_DETAIL_INLINE
+#define MIRROR_DETAIL_HEADER_DEFINITIONS 1
+#define MIRROR_DETAIL_EXTERN_TEMPLATES 0
+#else
+#define MIRROR_DETAIL_INLINE inline
+#define MIRROR_DETAIL_HEADER_DEFINITIONS 1
+#define MIRROR_DETAIL_EXTERN_TEMPLATES 0
+#endif
+
+/// X(E) for every element type host collectives accept (detail::is_host_element).
+#define MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(X) \
+  X(float)                                     \
+  X(double)                                    \
+  X(long double)                               \
+  X(signed char)                               \
+  X(unsigned char)                             \
+  X(short)                                     \
+  X(unsigned short)                            \
+  X(int)                                       \
+  X(unsigned)                                  \
+  X(long)                                      \
+  X(unsigned long)                             \
+  X(long long)                                 \
+  X(unsigned long long)
