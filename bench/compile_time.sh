@@ -4,7 +4,11 @@
 # (bench/compile/mirror_nest3.cpp) against the same program hand-written with std::thread
 # (bench/compile/std_thread_nest3.cpp): the same compiler and flags as the build (the project's
 # debugoptimized: -std=c++20 -O2 -g), compiled alternately, CPU seconds (user + system) per
-# compile. Prints JSON: {"mirror": [s, ...], "std_thread": [s, ...], "compiler": "...", "flags": "..."}.
+# compile. mirror's file is compiled twice: header-only (the default) and with
+# -DMIRROR_SEPARATE_COMPILATION (its non-template code from libmirror_threads; what that
+# library costs to compile, once per build of mirror, is measured too). Prints JSON:
+# {"mirror": [s, ...], "mirror_separate": [...], "std_thread": [...], "library": [...],
+#  "compiler": "...", "flags": "..."}.
 #
 #   bench/compile_time.sh [--build DIR] [--runs 3]
 # DIR (default build-bench) is a configured build directory (for mirror/config.hpp).
@@ -27,20 +31,23 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # CPU seconds (user + system) of one compile to an object file: unlike wall time, other load on
 # the machine barely changes it.
-seconds() {  # SOURCE
-  python3 - "$1" "$tmp/out.o" "$cxx" "${flags[@]}" <<'PY'
+seconds() {  # SOURCE [EXTRA FLAG...]
+  python3 - "$tmp/out.o" "$cxx" "$@" "${flags[@]}" <<'PY'
 import resource, subprocess, sys
-src, out, cxx, flags = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+out, cxx, src, flags = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 subprocess.run([cxx, *flags, '-c', src, '-o', out], check=True)
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(round(ru.ru_utime + ru.ru_stime, 3))
 PY
 }
-m=() s=()
+m=() p=() s=() l=()
 for ((i = 0; i < runs; ++i)); do
   m+=("$(seconds bench/compile/mirror_nest3.cpp)")
   s+=("$(seconds bench/compile/std_thread_nest3.cpp)")
+  p+=("$(seconds bench/compile/mirror_nest3.cpp -DMIRROR_SEPARATE_COMPILATION)")
 done
+l+=("$(seconds backends/threads/separate_compilation.cpp)")
 join() { local IFS=,; echo "$*"; }
-printf '{"mirror": [%s], "std_thread": [%s], "compiler": "%s", "flags": "%s"}\n' "$(join "${m[@]}")" \
-  "$(join "${s[@]}")" "$("$cxx" --version | head -1)" "${flags[*]}"
+printf '{"mirror": [%s], "mirror_separate": [%s], "std_thread": [%s], "library": [%s], "compiler": "%s", "flags": "%s"}\n' \
+  "$(join "${m[@]}")" "$(join "${p[@]}")" "$(join "${s[@]}")" "$(join "${l[@]}")" "$("$cxx" --version | head -1)" \
+  "${flags[*]}"

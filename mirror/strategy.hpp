@@ -539,13 +539,20 @@ class Strategy {
   /// a run; serially otherwise (inside merge_call the replicas are busy waiting for us).
   template <class Body>
   void host_parallel(std::size_t bytes, Body&& body) {
+    host_parallel_erased(
+        bytes, [](void* b, int part, int parts) { (*static_cast<std::remove_reference_t<Body>*>(b))(part, parts); },
+        static_cast<void*>(std::addressof(body)));
+  }
+  // The part that does not depend on the body: one copy per Strategy type, not one per leaf
+  // type of every reduced nest.
+  void host_parallel_erased(std::size_t bytes, void (*body)(void*, int, int), void* arg) {
     constexpr std::size_t worth_it = std::size_t{1} << 18;  // below ~256 KiB a dispatch costs more than it saves
     if (bytes < worth_it || rt_.in_parallel() || num_local_replicas() == 1) {
-      body(0, 1);
+      body(arg, 0, 1);
       return;
     }
     std::lock_guard lock(run_mutex_);
-    rt_.parallel([&](int r) noexcept { body(r, num_local_replicas()); });
+    rt_.parallel([&](int r) noexcept { body(arg, r, num_local_replicas()); });
   }
 
   // ---- entry points for ReplicaContext ----

@@ -55,7 +55,10 @@ struct collective_header {
 };
 
 /// A 64-bit mix of the checked sizes (splitmix64 steps): equal shapes give equal hashes.
-inline std::uint64_t shape_hash(const std::size_t* sizes, std::size_t n) noexcept {
+MIRROR_DETAIL_INLINE std::uint64_t shape_hash(const std::size_t* sizes, std::size_t n) noexcept;
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE std::uint64_t shape_hash(const std::size_t* sizes, std::size_t n) noexcept {
   std::uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
   for (std::size_t k = 0; k < n; ++k) {
     if (sizes[k] == any_size) continue;
@@ -66,6 +69,7 @@ inline std::uint64_t shape_hash(const std::size_t* sizes, std::size_t n) noexcep
   }
   return h;
 }
+#endif
 
 inline bool same_call(const collective_header& a, const collective_header& b) noexcept {
   return a.kind == b.kind && a.param == b.param && a.sequence == b.sequence;

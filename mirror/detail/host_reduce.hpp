@@ -21,14 +21,16 @@
 
 namespace mirror::detail {
 
-/// Where two nests of one type first differ in a leaf's size.
+/// Where two nests of one type first differ in a leaf's size; false when they do not. (Not a
+/// std::optional: its members are instantiated in every translation unit that checks shapes.)
 struct shape_mismatch {
-  std::size_t leaf, first, second;
-  const char* leaf_type;  // mangled (typeid(L).name()): demangled only for the message
+  std::size_t leaf = 0, first = 0, second = 0;
+  const char* leaf_type = nullptr;  // mangled (typeid(L).name()): demangled only for the message
+  explicit operator bool() const noexcept { return leaf_type != nullptr; }
 };
 template <class T>
-std::optional<shape_mismatch> first_shape_mismatch(const T& a, const T& b) {
-  std::optional<shape_mismatch> found;
+shape_mismatch first_shape_mismatch(const T& a, const T& b) {
+  shape_mismatch found;
   std::size_t k = 0;
   for_each_leaf(
       [&](const auto& x, const auto& y) {
@@ -41,14 +43,24 @@ std::optional<shape_mismatch> first_shape_mismatch(const T& a, const T& b) {
   return found;
 }
 
+/// check_component_shapes' error: component r's leaf m.leaf differs from component 0's.
+[[noreturn]] MIRROR_DETAIL_INLINE void throw_component_shape_error(const char* api, const shape_mismatch& m,
+                                                                  std::size_t r);
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE void throw_component_shape_error(const char* api, const shape_mismatch& m, std::size_t r) {
+  throw shape_error(format("mirror::Strategy::%s: shape mismatch at leaf %zu (%s): %zu elements on replica %zu "
+                           "but %zu on replica 0; every replica's value must have the same shape",
+                           api, m.leaf, demangle(m.leaf_type).c_str(), m.second, r, m.first));
+}
+#endif
+
 /// Throws shape_error unless every component's leaf k has component 0's size.
 template <class T>
 void check_component_shapes(std::span<const T> components, const char* api) {
   for (std::size_t r = 1; r < components.size(); ++r) {
-    if (const auto m = first_shape_mismatch(components[0], components[r])) {
-      throw shape_error(format("mirror::Strategy::%s: shape mismatch at leaf %zu (%s): %zu elements on replica %zu "
-                               "but %zu on replica 0; every replica's value must have the same shape",
-                               api, m->leaf, demangle(m->leaf_type).c_str(), m->second, r, m->first));
+    if (const shape_mismatch m = first_shape_mismatch(components[0], components[r])) {
+      throw_component_shape_error(api, m, r);
     }
   }
 }

@@ -8,20 +8,30 @@
 #include <string>
 #include <type_traits>
 #include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/host_reduce.hpp>
 #include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/separate_compilation.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <mirror/error.hpp>
 
 namespace mirror::detail {
 
+/// require_same_shape's error: leaf m.leaf of the value has m.second elements, the variable's
+/// m.first.
+[[noreturn]] MIRROR_DETAIL_INLINE void throw_variable_shape_error(const std::string& api, const shape_mismatch& m);
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE void throw_variable_shape_error(const std::string& api, const shape_mismatch& m) {
+  throw shape_error(format("%s: leaf %zu (%s) of the value has %zu elements but the variable's has %zu; a variable "
+                           "keeps its shape",
+                           api.c_str(), m.leaf, demangle(m.leaf_type).c_str(), m.second, m.first));
+}
+#endif
+
 template <class T>
 void require_same_shape(const T& have, const T& given, const std::string& api) {
-  if (const auto m = first_shape_mismatch(have, given)) {
-    throw shape_error(api + ": leaf " + std::to_string(m->leaf) + " (" + m->leaf_type + ") of the value has " +
-                      std::to_string(m->second) + " elements but the variable's has " + std::to_string(m->first) +
-                      "; a variable keeps its shape");
-  }
+  if (const shape_mismatch m = first_shape_mismatch(have, given)) throw_variable_shape_error(api, m);
 }
 
 enum class update_kind { assign, add, sub };
