@@ -18,9 +18,9 @@
 #include <mirror/detail/type_name.hpp>
 
 namespace mirror::detail {
-#define MIRROR_DETAIL_INSTANTIATE(E)                                                                 \
-  template void combine_into<E>(ReduceOp, E* __restrict, const E* __restrict, std::size_t) noexcept; \
-  template void divide_all<E>(E*, std::size_t, std::size_t) noexcept;                                \
+#define MIRROR_DETAIL_INSTANTIATE(E)                                                                  \
+  template void combine_into<E>(ReduceOp, E* __restrict, const E* __restrict, std::size_t) noexcept;  \
+  template void divide_all<E>(E*, std::size_t, std::size_t) noexcept;                                 \
   template std::pair<std::size_t, std::size_t> chunk_of<E>(std::size_t, std::size_t, int, int) noexcept; \
   template void reduce_range<E>(ReduceOp, E*, const void* const*, std::size_t, std::size_t, std::size_t);
 MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_INSTANTIATE)
@@ -28,11 +28,13 @@ MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_INSTANTIATE)
 }  // namespace mirror::detail
 
 namespace mirror::ops {
-#define MIRROR_DETAIL_INSTANTIATE(E)                                                                       \
-  template void ChunkOwnerAllReduce::small<devices::Threads::runtime, E>(                                 \
-      detail::collective<devices::Threads::runtime>&, ReduceOp, const detail::segment_list<devices::Threads::runtime, E>&); \
-  template void ChunkOwnerAllReduce::large<devices::Threads::runtime, E>(                                 \
-      detail::collective<devices::Threads::runtime>&, ReduceOp, const detail::segment_list<devices::Threads::runtime, E>&);
+#define MIRROR_DETAIL_INSTANTIATE(E)                                                          \
+  template void ChunkOwnerAllReduce::small<devices::Threads::runtime, E>(                    \
+      detail::collective<devices::Threads::runtime>&, ReduceOp,                               \
+      const detail::segment_list<devices::Threads::runtime, E>&);                             \
+  template void ChunkOwnerAllReduce::large<devices::Threads::runtime, E>(                    \
+      detail::collective<devices::Threads::runtime>&, ReduceOp,                               \
+      const detail::segment_list<devices::Threads::runtime, E>&);
 MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_INSTANTIATE)
 #undef MIRROR_DETAIL_INSTANTIATE
 }  // namespace mirror::ops

@@ -207,176 +207,177 @@ class runtime {
 // translation unit when header-only, once in libmirror_threads with MIRROR_SEPARATE_COMPILATION
 // (mirror/detail/separate_compilation.hpp).
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-MIRROR_DETAIL_INLINE runtime::runtime(int replicas, std::chrono::milliseconds timeout) : n_(replicas), timeout_(timeout) {
-    if (replicas < 1) {
-      throw std::invalid_argument(detail::format(
-          "mirror::devices::Threads{.replicas = %d}: replicas must be >= 1 (it may exceed the number of cores)",
-          replicas));
-    }
-    if (timeout.count() <= 0) {
-      throw std::invalid_argument("mirror::devices::Threads{.timeout}: the collective timeout must be positive");
-    }
-    limit_cores(usable_cores());
-    replica_ = std::make_unique<per_replica[]>(static_cast<std::size_t>(n_));
-    slots_ = std::make_unique<slot[]>(2 * static_cast<std::size_t>(n_));
-    workers_ = std::make_unique<std::thread[]>(static_cast<std::size_t>(n_ - 1));
-    for (int r = 1; r < n_; ++r) workers_[static_cast<std::size_t>(r - 1)] = std::thread([this, r] { work(r); });
+MIRROR_DETAIL_INLINE runtime::runtime(int replicas, std::chrono::milliseconds timeout)
+    : n_(replicas), timeout_(timeout) {
+  if (replicas < 1) {
+    throw std::invalid_argument(detail::format(
+        "mirror::devices::Threads{.replicas = %d}: replicas must be >= 1 (it may exceed the number of cores)",
+        replicas));
   }
+  if (timeout.count() <= 0) {
+    throw std::invalid_argument("mirror::devices::Threads{.timeout}: the collective timeout must be positive");
+  }
+  limit_cores(usable_cores());
+  replica_ = std::make_unique<per_replica[]>(static_cast<std::size_t>(n_));
+  slots_ = std::make_unique<slot[]>(2 * static_cast<std::size_t>(n_));
+  workers_ = std::make_unique<std::thread[]>(static_cast<std::size_t>(n_ - 1));
+  for (int r = 1; r < n_; ++r) workers_[static_cast<std::size_t>(r - 1)] = std::thread([this, r] { work(r); });
+}
 
 MIRROR_DETAIL_INLINE runtime::~runtime() {
-    stop_.store(true, std::memory_order_release);
-    job_seq_.fetch_add(1, std::memory_order_acq_rel);
-    job_lot_.wake();
-    for (int r = 1; r < n_; ++r) workers_[static_cast<std::size_t>(r - 1)].join();
-  }
+  stop_.store(true, std::memory_order_release);
+  job_seq_.fetch_add(1, std::memory_order_acq_rel);
+  job_lot_.wake();
+  for (int r = 1; r < n_; ++r) workers_[static_cast<std::size_t>(r - 1)].join();
+}
 
 MIRROR_DETAIL_INLINE void runtime::limit_cores(unsigned cores) noexcept {
-    // Spinning only pays when every replica has a core; oversubscribed, a spinner steals the
-    // time slice of the replica it waits for. With a core each, the spin (pure for 2 us, then
-    // yielding) should outlast a training step's imbalance between replicas: a parked waiter
-    // costs the late replica, the one on the critical path, a futex wake-up, and itself a
-    // scheduler wake-up. Fashion-MNIST, 2 replicas on 2 cores (a VM whose steps jitter by
-    // hundreds of us): a 100 us spin parked in half of the steps' all-reduce barriers, 300 us in
-    // a third, 1 ms in 4 of 470; 2 replicas vs 1 went from 1.30-1.68x to 1.61-1.80x (4
-    // alternated rounds). The pool parks after it, so an idle pool burns nothing.
-    for (parking_lot* lot : {&job_lot_, &done_lot_, &barrier_lot_}) {
-      if (static_cast<unsigned>(n_) <= cores) {
-        lot->configure(std::chrono::milliseconds(1), 8);
-      } else {
-        lot->configure(std::chrono::microseconds(1), 2);
-      }
+  // Spinning only pays when every replica has a core; oversubscribed, a spinner steals the
+  // time slice of the replica it waits for. With a core each, the spin (pure for 2 us, then
+  // yielding) should outlast a training step's imbalance between replicas: a parked waiter
+  // costs the late replica, the one on the critical path, a futex wake-up, and itself a
+  // scheduler wake-up. Fashion-MNIST, 2 replicas on 2 cores (a VM whose steps jitter by
+  // hundreds of us): a 100 us spin parked in half of the steps' all-reduce barriers, 300 us in
+  // a third, 1 ms in 4 of 470; 2 replicas vs 1 went from 1.30-1.68x to 1.61-1.80x (4
+  // alternated rounds). The pool parks after it, so an idle pool burns nothing.
+  for (parking_lot* lot : {&job_lot_, &done_lot_, &barrier_lot_}) {
+    if (static_cast<unsigned>(n_) <= cores) {
+      lot->configure(std::chrono::milliseconds(1), 8);
+    } else {
+      lot->configure(std::chrono::microseconds(1), 2);
     }
   }
+}
 
 MIRROR_DETAIL_INLINE void runtime::cancel() {
-    cancelled_.store(true, std::memory_order_release);
-    barrier_lot_.wake();
-  }
+  cancelled_.store(true, std::memory_order_release);
+  barrier_lot_.wake();
+}
 
 MIRROR_DETAIL_INLINE std::size_t runtime::scratch_bytes() const noexcept {
-    std::size_t total = 0;
-    for (int r = 0; r < n_; ++r) total += replica_[static_cast<std::size_t>(r)].scratch_bytes;
-    return total;
-  }
+  std::size_t total = 0;
+  for (int r = 0; r < n_; ++r) total += replica_[static_cast<std::size_t>(r)].scratch_bytes;
+  return total;
+}
 
 MIRROR_DETAIL_INLINE std::uint64_t runtime::scratch_allocations() const noexcept {
-    std::uint64_t total = 0;
-    for (int r = 0; r < n_; ++r) total += replica_[static_cast<std::size_t>(r)].scratch_allocations;
-    return total;
-  }
+  std::uint64_t total = 0;
+  for (int r = 0; r < n_; ++r) total += replica_[static_cast<std::size_t>(r)].scratch_allocations;
+  return total;
+}
 
 MIRROR_DETAIL_INLINE void runtime::run_job(void (*job)(void*, int) noexcept, void* arg) {
-    reset_collectives();
-    trim_scratch();
-    job_ = job;
-    job_arg_ = arg;
-    epoch_ = job_seq_.load(std::memory_order_relaxed) + 1;
-    pending_.store(n_ - 1, std::memory_order_relaxed);
-    job_seq_.store(epoch_, std::memory_order_release);
-    job_lot_.wake();
-    run_one(0);
-    done_lot_.wait([&] { return pending_.load(std::memory_order_acquire) == 0; });
-  }
+  reset_collectives();
+  trim_scratch();
+  job_ = job;
+  job_arg_ = arg;
+  epoch_ = job_seq_.load(std::memory_order_relaxed) + 1;
+  pending_.store(n_ - 1, std::memory_order_relaxed);
+  job_seq_.store(epoch_, std::memory_order_release);
+  job_lot_.wake();
+  run_one(0);
+  done_lot_.wait([&] { return pending_.load(std::memory_order_acquire) == 0; });
+}
 
 MIRROR_DETAIL_INLINE void runtime::run_one(int r) noexcept {
-    per_replica& me = replica_[static_cast<std::size_t>(r)];
-    me.calls = 0;  // only this replica reads its count, so it resets it (no line crosses cores)
-    const runtime* outer = current;
-    current = this;
-    job_(job_arg_, r);
-    current = outer;
-    me.finished.store(epoch_, std::memory_order_seq_cst);
-    // A replica waiting in a barrier may now know r will never arrive. Normally nobody waits
-    // when a replica finishes (every barrier it reached has opened), so skip the wake-up; the
-    // seq_cst pair with arrive()'s fetch_add means a waiter either is counted here or sees
-    // `finished` before it parks.
-    if (arrived_.load(std::memory_order_seq_cst) != 0) barrier_lot_.wake();
-  }
+  per_replica& me = replica_[static_cast<std::size_t>(r)];
+  me.calls = 0;  // only this replica reads its count, so it resets it (no line crosses cores)
+  const runtime* outer = current;
+  current = this;
+  job_(job_arg_, r);
+  current = outer;
+  me.finished.store(epoch_, std::memory_order_seq_cst);
+  // A replica waiting in a barrier may now know r will never arrive. Normally nobody waits
+  // when a replica finishes (every barrier it reached has opened), so skip the wake-up; the
+  // seq_cst pair with arrive()'s fetch_add means a waiter either is counted here or sees
+  // `finished` before it parks.
+  if (arrived_.load(std::memory_order_seq_cst) != 0) barrier_lot_.wake();
+}
 
 MIRROR_DETAIL_INLINE void runtime::work(int r) {
-    std::uint64_t seen = 0;
-    for (;;) {
-      job_lot_.wait([&] { return job_seq_.load(std::memory_order_acquire) != seen; }, std::nullopt);
-      seen = job_seq_.load(std::memory_order_acquire);
-      if (stop_.load(std::memory_order_acquire)) return;
-      run_one(r);
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_lot_.wake();
-    }
+  std::uint64_t seen = 0;
+  for (;;) {
+    job_lot_.wait([&] { return job_seq_.load(std::memory_order_acquire) != seen; }, std::nullopt);
+    seen = job_seq_.load(std::memory_order_acquire);
+    if (stop_.load(std::memory_order_acquire)) return;
+    run_one(r);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_lot_.wake();
   }
+}
 
 MIRROR_DETAIL_INLINE void runtime::trim_scratch() noexcept {
-    if (!trim_ || ++calls_since_trim_ < trim_period) return;
-    calls_since_trim_ = 0;
-    for (int r = 0; r < n_; ++r) {
-      per_replica& me = replica_[static_cast<std::size_t>(r)];
-      if (me.scratch_peak < me.scratch_bytes / 4) {
-        me.scratch.reset();
-        me.scratch_bytes = 0;
-      }
-      me.scratch_peak = 0;
+  if (!trim_ || ++calls_since_trim_ < trim_period) return;
+  calls_since_trim_ = 0;
+  for (int r = 0; r < n_; ++r) {
+    per_replica& me = replica_[static_cast<std::size_t>(r)];
+    if (me.scratch_peak < me.scratch_bytes / 4) {
+      me.scratch.reset();
+      me.scratch_bytes = 0;
     }
+    me.scratch_peak = 0;
   }
+}
 
 MIRROR_DETAIL_INLINE void runtime::reset_collectives() noexcept {
-    if (arrived_.load(std::memory_order_relaxed) != 0 || cancelled_.load(std::memory_order_relaxed)) {
-      cancelled_.store(false, std::memory_order_relaxed);
-      arrived_.store(0, std::memory_order_relaxed);
-      generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    }
+  if (arrived_.load(std::memory_order_relaxed) != 0 || cancelled_.load(std::memory_order_relaxed)) {
+    cancelled_.store(false, std::memory_order_relaxed);
+    arrived_.store(0, std::memory_order_relaxed);
+    generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
+}
 
 MIRROR_DETAIL_INLINE void runtime::arrive(int self) {
-    per_replica& me = replica_[static_cast<std::size_t>(self)];
-    ++me.calls;
-    if (cancelled_.load(std::memory_order_acquire)) throw detail::collective_cancelled{};
-    const std::uint64_t g = generation_.load(std::memory_order_acquire);
-    me.arrived_at.store(g + 1, std::memory_order_relaxed);
-    if (arrived_.fetch_add(1, std::memory_order_seq_cst) + 1 == n_) {
-      arrived_.store(0, std::memory_order_relaxed);
-      generation_.store(g + 1, std::memory_order_release);
-      barrier_lot_.wake();
-      return;
-    }
-    auto some_finished = [&] {
-      for (int r = 0; r < n_; ++r) {
-        if (replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_seq_cst) == epoch_) return true;
-      }
-      return false;
-    };
-    auto opened = [&] {
-      return generation_.load(std::memory_order_acquire) != g || cancelled_.load(std::memory_order_acquire);
-    };
-    // Spinning polls only the generation's line; whether a replica returned without reaching
-    // this barrier (which wakes parked waiters) is checked once parked.
-    const bool woke = barrier_lot_.wait(opened, [&] { return opened() || some_finished(); },
-                                        std::chrono::nanoseconds(timeout_));
-    // Generation first: a replica finishes only after every barrier it reached has opened.
-    if (generation_.load(std::memory_order_acquire) != g) return;
-    if (cancelled_.load(std::memory_order_acquire)) throw detail::collective_cancelled{};
-    std::vector<int> missing;
-    for (int r = 0; r < n_; ++r) {
-      const per_replica& p = replica_[static_cast<std::size_t>(r)];
-      if (p.arrived_at.load(std::memory_order_acquire) != g + 1 &&
-          (!woke || p.finished.load(std::memory_order_acquire) == epoch_)) {
-        missing.push_back(r);
-      }
-    }
-    throw_timeout(self, woke, std::move(missing));
+  per_replica& me = replica_[static_cast<std::size_t>(self)];
+  ++me.calls;
+  if (cancelled_.load(std::memory_order_acquire)) throw detail::collective_cancelled{};
+  const std::uint64_t g = generation_.load(std::memory_order_acquire);
+  me.arrived_at.store(g + 1, std::memory_order_relaxed);
+  if (arrived_.fetch_add(1, std::memory_order_seq_cst) + 1 == n_) {
+    arrived_.store(0, std::memory_order_relaxed);
+    generation_.store(g + 1, std::memory_order_release);
+    barrier_lot_.wake();
+    return;
   }
+  auto some_finished = [&] {
+    for (int r = 0; r < n_; ++r) {
+      if (replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_seq_cst) == epoch_) return true;
+    }
+    return false;
+  };
+  auto opened = [&] {
+    return generation_.load(std::memory_order_acquire) != g || cancelled_.load(std::memory_order_acquire);
+  };
+  // Spinning polls only the generation's line; whether a replica returned without reaching
+  // this barrier (which wakes parked waiters) is checked once parked.
+  const bool woke = barrier_lot_.wait(opened, [&] { return opened() || some_finished(); },
+                                      std::chrono::nanoseconds(timeout_));
+  // Generation first: a replica finishes only after every barrier it reached has opened.
+  if (generation_.load(std::memory_order_acquire) != g) return;
+  if (cancelled_.load(std::memory_order_acquire)) throw detail::collective_cancelled{};
+  std::vector<int> missing;
+  for (int r = 0; r < n_; ++r) {
+    const per_replica& p = replica_[static_cast<std::size_t>(r)];
+    if (p.arrived_at.load(std::memory_order_acquire) != g + 1 &&
+        (!woke || p.finished.load(std::memory_order_acquire) == epoch_)) {
+      missing.push_back(r);
+    }
+  }
+  throw_timeout(self, woke, std::move(missing));
+}
 
 MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::vector<int> missing) const {
-    std::string names;
-    for (int r : missing) names += detail::format(names.empty() ? "%d" : ", %d", r);
-    const per_replica& me = replica_[static_cast<std::size_t>(self)];
-    throw timeout_error(
-        woke ? detail::format("mirror: replica %d waits in collective call %zu that replicas {%s} returned from fn "
-                              "without reaching; every replica must make the same collective calls",
-                              self, me.calls, names.c_str())
-             : detail::format("mirror: replica %d waited %lld ms in a collective that replicas {%s} did not reach; "
-                              "raise devices::Threads{.timeout} if they are just slow",
-                              self, static_cast<long long>(timeout_.count()), names.c_str()),
-        std::move(missing));
-  }
+  std::string names;
+  for (int r : missing) names += detail::format(names.empty() ? "%d" : ", %d", r);
+  const per_replica& me = replica_[static_cast<std::size_t>(self)];
+  throw timeout_error(
+      woke ? detail::format("mirror: replica %d waits in collective call %zu that replicas {%s} returned from fn "
+                            "without reaching; every replica must make the same collective calls",
+                            self, me.calls, names.c_str())
+           : detail::format("mirror: replica %d waited %lld ms in a collective that replicas {%s} did not reach; "
+                            "raise devices::Threads{.timeout} if they are just slow",
+                            self, static_cast<long long>(timeout_.count()), names.c_str()),
+      std::move(missing));
+}
 #endif
 
 }  // namespace mirror::threads
