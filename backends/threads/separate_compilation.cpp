@@ -7,15 +7,10 @@
 
 #define MIRROR_DETAIL_BUILDING_LIBRARY 1
 
-#include <backends/threads/chunk_owner_all_reduce.hpp>
-#include <backends/threads/threads_runtime.hpp>
-#include <mirror/detail/collective.hpp>
-#include <mirror/detail/element_ops.hpp>
-#include <mirror/detail/format.hpp>
-#include <mirror/detail/host_reduce.hpp>
-#include <mirror/detail/rethrow_first.hpp>
-#include <mirror/detail/segments.hpp>
-#include <mirror/detail/type_name.hpp>
+// Everything <mirror/mirror.hpp> brings, so that no MIRROR_DETAIL_INLINE definition is left out
+// (a program in separate mode would not link). Backends' own code (CUDA, MPI) is not compiled
+// here: their headers declare functions of their own libraries, and nothing here calls them.
+#include <mirror/mirror.hpp>
 
 namespace mirror::detail {
 #define MIRROR_DETAIL_INSTANTIATE(E)                                                                  \

@@ -57,13 +57,22 @@ for program in "$src_dir"/tests/consumer/contract*.cpp; do
   echo "PASS: $name.cpp built with pkg-config mirror and ran"
 done
 
-# The same contract with MIRROR_SEPARATE_COMPILATION, in two translation units (the contract
-# and an empty one that includes everything too), against the installed libmirror_threads.
+# MIRROR_SEPARATE_COMPILATION, against the installed libmirror_threads: the contract in two
+# translation units (it and a second one that includes everything too), and the programs
+# whose device comes from another backend (Cluster in MPI builds, Cuda in CUDA builds).
 separate_flags=$(pkg-config --define-variable=prefix="$destdir$prefix" --cflags --libs mirror-separate)
 echo "pkg-config --cflags --libs mirror-separate: $separate_flags"
 printf '#include <mirror/mirror.hpp>\nint second_translation_unit() { return 0; }\n' >"$tmp/second.cpp"
-# shellcheck disable=SC2086  # $cxx and $separate_flags are word lists
-$cxx -std=c++20 -O1 "${sanitize[@]}" "$src_dir/tests/consumer/contract.cpp" "$tmp/second.cpp" $separate_flags \
-  -o "$tmp/contract_separate"
-"$tmp/contract_separate"
-echo "PASS: contract.cpp built with pkg-config mirror-separate and ran"
+for program in contract contract_cluster contract_default_device; do
+  [[ -f $src_dir/tests/consumer/$program.cpp ]] || continue
+  extra=()
+  [[ $program == contract ]] && extra=("$tmp/second.cpp")
+  # shellcheck disable=SC2086  # $cxx and $separate_flags are word lists
+  $cxx -std=c++20 -O1 "${sanitize[@]}" "$src_dir/tests/consumer/$program.cpp" "${extra[@]}" $separate_flags \
+    -o "$tmp/${program}_separate"
+  case $program in
+    contract_cluster) ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" "$tmp/${program}_separate" ;;
+    *) "$tmp/${program}_separate" ;;
+  esac
+  echo "PASS: $program.cpp built with pkg-config mirror-separate and ran"
+done
