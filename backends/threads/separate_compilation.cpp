@@ -13,6 +13,8 @@
 #include <mirror/mirror.hpp>
 
 namespace mirror::detail {
+const int link_libmirror_threads_for_MIRROR_SEPARATE_COMPILATION = 1;
+
 #define MIRROR_DETAIL_INSTANTIATE(E)                                                                  \
   template void combine_into<E>(ReduceOp, E* __restrict, const E* __restrict, std::size_t) noexcept;  \
   template void divide_all<E>(E*, std::size_t, std::size_t) noexcept;                                 \

@@ -34,6 +34,21 @@
 #define MIRROR_DETAIL_EXTERN_TEMPLATES 0
 #endif
 
+#if MIRROR_DETAIL_EXTERN_TEMPLATES || defined(MIRROR_DETAIL_BUILDING_LIBRARY)
+namespace mirror::detail {
+// Defined in libmirror_threads. Every translation unit of a separately compiled program refers
+// to it, so a link without the library reports this name among its undefined references, and
+// the name says what to do.
+extern const int link_libmirror_threads_for_MIRROR_SEPARATE_COMPILATION;
+}  // namespace mirror::detail
+#endif
+#if MIRROR_DETAIL_EXTERN_TEMPLATES && defined(__GNUC__)
+namespace mirror::detail {
+[[gnu::used]] static const int* const separate_compilation_library =
+    &link_libmirror_threads_for_MIRROR_SEPARATE_COMPILATION;
+}  // namespace mirror::detail
+#endif
+
 /// X(E) for every element type host collectives accept (detail::is_host_element).
 #define MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(X) \
   X(float)                                     \
