@@ -270,8 +270,7 @@ class Strategy {
     using T = typename V::value_type;
     const std::span<const T> components(value.begin(), value.end());
     T out = components[0];
-    detail::reduce_components(detail::cross_op(op), components, out,
-                              [&](std::size_t bytes, auto&& body) { host_parallel(bytes, body); }, "reduce");
+    detail::reduce_components(detail::cross_op(op), components, out, host_parallel(), "reduce");
     if constexpr (multi_worker) {
       // This worker's R components are combined above; the workers' partial results are then
       // combined across processes, and a mean divides once, by W*R.
@@ -535,17 +534,14 @@ class Strategy {
     detail::rethrow_first(errors, first_local_replica());
   }
 
-  /// Runs body(part, parts) over the device's threads when the work is large and we are outside
-  /// a run; serially otherwise (inside merge_call the replicas are busy waiting for us).
-  template <class Body>
-  void host_parallel(std::size_t bytes, Body&& body) {
-    host_parallel_erased(
-        bytes, [](void* b, int part, int parts) { (*static_cast<std::remove_reference_t<Body>*>(b))(part, parts); },
-        static_cast<void*>(std::addressof(body)));
+  /// Runs body(arg, part, parts) over the device's threads when the work is large and we are
+  /// outside a run; serially otherwise (inside merge_call the replicas are busy waiting for us).
+  detail::parallel_ref host_parallel() noexcept {
+    return {this, [](void* self, std::size_t bytes, void (*body)(void*, int, int), void* arg) {
+              static_cast<Strategy*>(self)->host_parallel(bytes, body, arg);
+            }};
   }
-  // The part that does not depend on the body: one copy per Strategy type, not one per leaf
-  // type of every reduced nest.
-  void host_parallel_erased(std::size_t bytes, void (*body)(void*, int, int), void* arg) {
+  void host_parallel(std::size_t bytes, void (*body)(void*, int, int), void* arg) {
     constexpr std::size_t worth_it = std::size_t{1} << 18;  // below ~256 KiB a dispatch costs more than it saves
     if (bytes < worth_it || rt_.in_parallel() || num_local_replicas() == 1) {
       body(arg, 0, 1);

@@ -124,8 +124,8 @@ class SyncOnReadVariable {
 
   T reduced(ReduceOp op) const {
     T out = copies_.front();
-    detail::reduce_components(detail::cross_op(op), std::span<const T>(copies_), out,
-                              [](std::size_t, auto&& body) { body(0, 1); }, "SyncOnReadVariable::value");
+    detail::reduce_components(detail::cross_op(op), std::span<const T>(copies_), out, detail::serial_parallel(),
+                              "SyncOnReadVariable::value");
     if (group_ != nullptr) {
       detail::all_reduce_nest(*group_, out, op, replicas_in_sync(), "mirror::SyncOnReadVariable::value");
     } else if (op == ReduceOp::mean) {

@@ -15,11 +15,12 @@
 namespace mirror::detail {
 const int link_libmirror_threads_for_MIRROR_SEPARATE_COMPILATION = 1;
 
-#define MIRROR_DETAIL_INSTANTIATE(E)                                                                  \
-  template void combine_into<E>(ReduceOp, E* __restrict, const E* __restrict, std::size_t) noexcept;  \
-  template void divide_all<E>(E*, std::size_t, std::size_t) noexcept;                                 \
-  template std::pair<std::size_t, std::size_t> chunk_of<E>(std::size_t, std::size_t, int, int) noexcept; \
-  template void reduce_range<E>(ReduceOp, E*, const void* const*, std::size_t, std::size_t, std::size_t);
+#define MIRROR_DETAIL_INSTANTIATE(E)                                                                      \
+  template void combine_into<E>(ReduceOp, E* __restrict, const E* __restrict, std::size_t) noexcept;      \
+  template void divide_all<E>(E*, std::size_t, std::size_t) noexcept;                                     \
+  template std::pair<std::size_t, std::size_t> chunk_of<E>(std::size_t, std::size_t, int, int) noexcept;  \
+  template void reduce_range<E>(ReduceOp, E*, const void* const*, std::size_t, std::size_t, std::size_t); \
+  template void reduce_leaf<E>(ReduceOp, E*, std::size_t, const void* const*, std::size_t, parallel_ref);
 MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_INSTANTIATE)
 #undef MIRROR_DETAIL_INSTANTIATE
 }  // namespace mirror::detail

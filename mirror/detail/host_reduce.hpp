@@ -83,11 +83,50 @@ MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_EXTERN)
 #undef MIRROR_DETAIL_EXTERN
 #endif
 
+/// How reduce_components spreads its work: `run(self, bytes, body, arg)` calls body(arg, part,
+/// parts) for every part it chooses (Strategy: over its threads for large leaves; serial_parallel:
+/// once, on the calling thread). Function pointers, not a template parameter, so that the
+/// per-leaf code below is instantiated per element type only, not per nest and caller.
+struct parallel_ref {
+  void* self;
+  void (*run)(void* self, std::size_t bytes, void (*body)(void*, int, int), void* arg);
+};
+inline parallel_ref serial_parallel() noexcept {
+  return {nullptr, [](void*, std::size_t, void (*body)(void*, int, int), void* arg) { body(arg, 0, 1); }};
+}
+
+/// dst[i] = in[0][i] op ... op in[n-1][i] for i < size (then / n for mean), split by `parallel`.
+template <class E>
+void reduce_leaf(ReduceOp op, E* dst, std::size_t size, const void* const* in, std::size_t n, parallel_ref parallel) {
+  struct job {
+    ReduceOp op;
+    E* dst;
+    std::size_t size;
+    const void* const* in;
+    std::size_t n;
+  } j{op, dst, size, in, n};
+  parallel.run(
+      parallel.self, size * n * sizeof(E),
+      [](void* p, int part, int parts) {
+        const job& w = *static_cast<const job*>(p);
+        const auto [a, b] = chunk_of<E>(0, w.size, part, parts);
+        if (a < b) reduce_range(w.op, w.dst, w.in, w.n, a, b);
+      },
+      &j);
+}
+#if MIRROR_DETAIL_EXTERN_TEMPLATES
+// Instantiated once, in libmirror_threads (separate_compilation.hpp).
+#define MIRROR_DETAIL_EXTERN(E) \
+  extern template void reduce_leaf<E>(ReduceOp, E*, std::size_t, const void* const*, std::size_t, parallel_ref);
+MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_EXTERN)
+#undef MIRROR_DETAIL_EXTERN
+#endif
+
 /// out = the element-wise reduction of the components (out starts as a copy of component 0).
-/// `parallel(bytes, body)` runs body(part, parts) over the parts it chooses; each part reduces
-/// its slice of every leaf in replica order, so the result does not depend on the split.
-template <class T, class Parallel>
-void reduce_components(ReduceOp op, std::span<const T> components, T& out, Parallel&& parallel, const char* api) {
+/// Each part of `parallel` reduces its slice of every leaf in replica order, so the result does
+/// not depend on the split.
+template <class T>
+void reduce_components(ReduceOp op, std::span<const T> components, T& out, parallel_ref parallel, const char* api) {
   check_component_shapes(components, api);
   const std::size_t n = components.size();
   std::vector<const void*> inputs(leaf_count<T>() * n);  // [k * n + r]: leaf position k of replica r
@@ -106,12 +145,8 @@ void reduce_components(ReduceOp op, std::span<const T> components, T& out, Paral
         using E = leaf_element_t<L>;
         require_host_element<E>();
         const std::span<E> dst = leaf_traits<L>::elements(o);
-        const void* const* in = inputs.data() + k * n;
+        reduce_leaf(op, dst.data(), dst.size(), inputs.data() + k * n, n, parallel);
         ++k;
-        parallel(dst.size() * n * sizeof(E), [&](int part, int parts) {
-          const auto [a, b] = chunk_of<E>(0, dst.size(), part, parts);
-          if (a < b) reduce_range(op, dst.data(), in, n, a, b);
-        });
       },
       out);
 }
