@@ -4,7 +4,6 @@
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
-#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
