@@ -105,16 +105,16 @@ void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const de
 
 static_assert(cross_device_ops<ChunkOwnerAllReduce, devices::Threads>);
 
-#if MIRROR_DETAIL_EXTERN_TEMPLATES
-#define MIRROR_DETAIL_EXTERN(E)                                                                  \
-  extern template void ChunkOwnerAllReduce::small<devices::Threads::runtime, E>(                \
-      detail::collective<devices::Threads::runtime>&, ReduceOp,                                  \
-      const detail::segment_list<devices::Threads::runtime, E>&);                                \
-  extern template void ChunkOwnerAllReduce::large<devices::Threads::runtime, E>(                \
-      detail::collective<devices::Threads::runtime>&, ReduceOp,                                  \
+// Instantiated once, in libmirror_threads, for a separately compiled program (separate_compilation.hpp).
+#define MIRROR_DETAIL_CHUNK_OWNER_INSTANCES(KIND, E)                                               \
+  KIND void ChunkOwnerAllReduce::small<devices::Threads::runtime, E>(                              \
+      detail::collective<devices::Threads::runtime>&, ReduceOp,                                    \
+      const detail::segment_list<devices::Threads::runtime, E>&);                                  \
+  KIND void ChunkOwnerAllReduce::large<devices::Threads::runtime, E>(                              \
+      detail::collective<devices::Threads::runtime>&, ReduceOp,                                    \
       const detail::segment_list<devices::Threads::runtime, E>&);
-MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_EXTERN)
-#undef MIRROR_DETAIL_EXTERN
+#if MIRROR_DETAIL_EXTERN_TEMPLATES
+MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_CHUNK_OWNER_INSTANCES, extern template)
 #endif
 
 }  // namespace mirror::ops

@@ -116,13 +116,12 @@ void divide_all(E* p, std::size_t n, std::size_t count) noexcept {
   for (std::size_t i = 0; i < n; ++i) p[i] = divide(p[i], count);
 }
 
+// Instantiated once, in libmirror_threads, for a separately compiled program (separate_compilation.hpp).
+#define MIRROR_DETAIL_ELEMENT_OPS_INSTANCES(KIND, E)                                             \
+  KIND void combine_into<E>(ReduceOp, E* __restrict, const E* __restrict, std::size_t) noexcept; \
+  KIND void divide_all<E>(E*, std::size_t, std::size_t) noexcept;
 #if MIRROR_DETAIL_EXTERN_TEMPLATES
-// Instantiated once, in libmirror_threads (separate_compilation.hpp).
-#define MIRROR_DETAIL_EXTERN(E)                                                                  \
-  extern template void combine_into<E>(ReduceOp, E* __restrict, const E* __restrict, std::size_t) noexcept; \
-  extern template void divide_all<E>(E*, std::size_t, std::size_t) noexcept;
-MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_EXTERN)
-#undef MIRROR_DETAIL_EXTERN
+MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_ELEMENT_OPS_INSTANCES, extern template)
 #endif
 
 }  // namespace mirror::detail

@@ -74,13 +74,6 @@ void reduce_range(ReduceOp op, E* out, const void* const* in, std::size_t n, std
   for (std::size_t r = 1; r < n; ++r) combine_into(op, out + begin, component(r), end - begin);
   if (op == ReduceOp::mean) divide_all(out + begin, end - begin, n);
 }
-#if MIRROR_DETAIL_EXTERN_TEMPLATES
-// Instantiated once, in libmirror_threads (separate_compilation.hpp).
-#define MIRROR_DETAIL_EXTERN(E) \
-  extern template void reduce_range<E>(ReduceOp, E*, const void* const*, std::size_t, std::size_t, std::size_t);
-MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_EXTERN)
-#undef MIRROR_DETAIL_EXTERN
-#endif
 
 /// How reduce_components spreads its work: `run(self, bytes, body, arg)` calls body(arg, part,
 /// parts) for every part it chooses (Strategy: over its threads for large leaves; serial_parallel:
@@ -113,12 +106,12 @@ void reduce_leaf(ReduceOp op, E* dst, std::size_t size, const void* const* in, s
       },
       &j);
 }
+// Instantiated once, in libmirror_threads, for a separately compiled program (separate_compilation.hpp).
+#define MIRROR_DETAIL_HOST_REDUCE_INSTANCES(KIND, E)                                                  \
+  KIND void reduce_range<E>(ReduceOp, E*, const void* const*, std::size_t, std::size_t, std::size_t); \
+  KIND void reduce_leaf<E>(ReduceOp, E*, std::size_t, const void* const*, std::size_t, parallel_ref);
 #if MIRROR_DETAIL_EXTERN_TEMPLATES
-// Instantiated once, in libmirror_threads (separate_compilation.hpp).
-#define MIRROR_DETAIL_EXTERN(E) \
-  extern template void reduce_leaf<E>(ReduceOp, E*, std::size_t, const void* const*, std::size_t, parallel_ref);
-MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_EXTERN)
-#undef MIRROR_DETAIL_EXTERN
+MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_HOST_REDUCE_INSTANCES, extern template)
 #endif
 
 /// out = the element-wise reduction of the components (out starts as a copy of component 0).

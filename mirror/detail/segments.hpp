@@ -47,12 +47,11 @@ std::pair<std::size_t, std::size_t> chunk_of(std::size_t a, std::size_t b, int r
   return {lo, hi};
 }
 
+// Instantiated once, in libmirror_threads, for a separately compiled program (separate_compilation.hpp).
+#define MIRROR_DETAIL_SEGMENTS_INSTANCES(KIND, E) \
+  KIND std::pair<std::size_t, std::size_t> chunk_of<E>(std::size_t, std::size_t, int, int) noexcept;
 #if MIRROR_DETAIL_EXTERN_TEMPLATES
-// Instantiated once, in libmirror_threads (separate_compilation.hpp).
-#define MIRROR_DETAIL_EXTERN(E) \
-  extern template std::pair<std::size_t, std::size_t> chunk_of<E>(std::size_t, std::size_t, int, int) noexcept;
-MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_EXTERN)
-#undef MIRROR_DETAIL_EXTERN
+MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_SEGMENTS_INSTANCES, extern template)
 #endif
 
 }  // namespace mirror::detail

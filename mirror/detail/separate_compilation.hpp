@@ -19,6 +19,8 @@
 //   `extern template` instantiations of their element-type templates for every type in
 //   MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT, which the library instantiates. Other element types
 //   (none today: the list is every type detail::is_host_element accepts) instantiate as usual.
+//   Each header writes its instantiations once, as MIRROR_DETAIL_<NAME>_INSTANCES(KIND, E) with
+//   KIND `extern template` there and `template` in the library's source.
 
 #if defined(MIRROR_SEPARATE_COMPILATION) && !defined(MIRROR_DETAIL_BUILDING_LIBRARY)
 #define MIRROR_DETAIL_INLINE
@@ -49,18 +51,18 @@ namespace mirror::detail {
 }  // namespace mirror::detail
 #endif
 
-/// X(E) for every element type host collectives accept (detail::is_host_element).
-#define MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(X) \
-  X(float)                                     \
-  X(double)                                    \
-  X(long double)                               \
-  X(signed char)                               \
-  X(unsigned char)                             \
-  X(short)                                     \
-  X(unsigned short)                            \
-  X(int)                                       \
-  X(unsigned)                                  \
-  X(long)                                      \
-  X(unsigned long)                             \
-  X(long long)                                 \
-  X(unsigned long long)
+/// X(KIND, E) for every element type E host collectives accept (detail::is_host_element).
+#define MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(X, KIND) \
+  X(KIND, float)                                     \
+  X(KIND, double)                                    \
+  X(KIND, long double)                               \
+  X(KIND, signed char)                               \
+  X(KIND, unsigned char)                             \
+  X(KIND, short)                                     \
+  X(KIND, unsigned short)                            \
+  X(KIND, int)                                       \
+  X(KIND, unsigned)                                  \
+  X(KIND, long)                                      \
+  X(KIND, unsigned long)                             \
+  X(KIND, long long)                                 \
+  X(KIND, unsigned long long)
