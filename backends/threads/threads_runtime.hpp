@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The runtime of devices::Threads: a persistent pool (replica 0 is the calling thread, replicas
-// 1..R-1 are workers created once), a barrier that names the replicas that did not arrive, and
-// fixed-stride exchange slots. Models mirror::device_runtime (mirror/concepts/device.hpp).
+// 1..R-1 are workers created once), fixed-stride exchange slots whose arrival numbers are the
+// barrier, and waits that name the replicas that did not arrive. Models mirror::device_runtime
+// (mirror/concepts/device.hpp).
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <atomic>
@@ -56,8 +57,21 @@ class runtime {
   /// all have returned. f must not throw.
   template <class F>
   void parallel(F&& f) {
-    static_assert(std::is_nothrow_invocable_v<F&, int>, "runtime::parallel(f): f(int) must be noexcept");
-    run_job(&invoke<std::remove_reference_t<F>>, static_cast<void*>(std::addressof(f)));
+    using Fn = std::remove_reference_t<F>;
+    static_assert(std::is_nothrow_invocable_v<Fn&, int>, "runtime::parallel(f): f(int) must be noexcept");
+    // A small closure (Strategy::run's holds three or four references) travels in the job line
+    // itself, so a worker reads everything it needs to start with the one miss that tells it
+    // there is a job, instead of a second one on the caller's stack (which the caller keeps
+    // writing). Only closures whose call cannot change them: replicas share the one copy.
+    if constexpr (std::is_trivially_copyable_v<Fn> && sizeof(Fn) <= job_line::data_bytes &&
+                  alignof(Fn) <= alignof(std::uint64_t) && std::is_nothrow_invocable_v<const Fn&, int>) {
+      ::new (static_cast<void*>(job_.data)) Fn(f);
+      run_job(&invoke_inline<Fn>);
+    } else {
+      Fn* target = std::addressof(f);
+      std::memcpy(job_.data, &target, sizeof target);
+      run_job(&invoke_indirect<Fn>);
+    }
   }
 
   /// Makes every waiting and later exchange/barrier of the current parallel call throw
@@ -68,15 +82,23 @@ class runtime {
   template <class P>
   detail::exchanged<P> exchange(int self, const P& payload) {
     static_assert(std::is_trivially_copyable_v<P>, "exchange payloads are copied as bytes");
-    static_assert(sizeof(P) <= max_exchange_bytes && alignof(P) <= alignof(slot),
+    static_assert(sizeof(P) <= max_exchange_bytes && alignof(P) <= alignof(slot_payload),
                   "exchange payload too large for the runtime's slots");
-    per_replica& me = replica_[static_cast<std::size_t>(self)];
-    const std::size_t parity = me.calls & 1u;
-    std::memcpy(slots_[parity * static_cast<std::size_t>(n_) + static_cast<std::size_t>(self)].bytes, &payload,
-                sizeof(P));
+    slot* const row = row_of(replica_[static_cast<std::size_t>(self)].calls + 1);
+    // Every load of the payload before any store into the slot. The payload is usually a
+    // temporary the caller has just built with stores of other widths than a copy's loads, so
+    // a load may wait for those stores to reach the cache; with a store into the slot queued
+    // ahead of them (its line is polled by the other replicas: a cross-core round trip away)
+    // it would wait for that one too, and the others would see the slot's line written in
+    // pieces, one round trip apart (`perf annotate` put 44 % of a 1-float all_reduce loop's
+    // samples on such a load; with this copy the loop went from 190-195 to 151-174 ns per call
+    // on 2 replicas, 2026-11-25).
+    alignas(16) unsigned char bounce[sizeof(P)];
+    std::memcpy(bounce, &payload, sizeof(P));
+    asm volatile("" : : "r"(bounce) : "memory");
+    std::memcpy(row[self].payload.bytes, bounce, sizeof(P));
     arrive(self);
-    return detail::exchanged<P>(slots_[parity * static_cast<std::size_t>(n_)].bytes, sizeof(slot),
-                                static_cast<std::size_t>(n_));
+    return detail::exchanged<P>(row[0].payload.bytes, sizeof(slot), static_cast<std::size_t>(n_));
   }
 
   void barrier(int self) { arrive(self); }
@@ -126,30 +148,72 @@ class runtime {
   }
 
  private:
+  // How the pool synchronises, and why this way. A fork, a small exchange and a join each cost
+  // at least one cache-line hand-off between cores (30-40 ns between this VM's two vCPUs in its
+  // fast state, ~230 ns in its slow one; bench/handoff_bench), and a run with a 1-float
+  // all_reduce needs three in series: the job reaching a worker, the late replica's payload
+  // reaching the early one, the worker's "finished" reaching the caller. So every wait polls
+  // one line that exactly one other thread writes, and the data it then needs is on that line:
+  // - the job line carries the job (and a small closure) with its sequence number;
+  // - each exchange slot carries its replica's payload with the arrival number that publishes
+  //   it (no shared arrival counter: a read-modify-write of a counter line that every replica
+  //   writes costs a hand-off of its own before anyone can see the barrier open);
+  // - each replica's line carries the epoch of the last call it finished.
+  // Waking parked threads costs a read of a line nobody writes while nobody parks
+  // (parking_lot::wake), so the spinning fast path pays nothing for it.
+
   struct aligned_delete {
     void operator()(std::byte* p) const noexcept { ::operator delete(p, std::align_val_t{64}); }
   };
   struct alignas(64) per_replica {
-    std::size_t calls = 0;                           // exchanges + barriers in this parallel call
-    std::atomic<std::uint64_t> arrived_at{0};         // last barrier generation reached (+1)
-    std::atomic<std::uint64_t> finished{0};           // epoch of the last parallel call whose f returned
+    std::atomic<std::uint64_t> finished{0};  // epoch of the last parallel call whose f returned
+    // Exchanges + barriers this replica entered in the current call. Written only by it; the
+    // caller reads it after the join (to number the next call's arrivals above these).
+    std::uint64_t calls = 0;
     std::unique_ptr<std::byte, aligned_delete> scratch;
     std::size_t scratch_bytes = 0;
     std::size_t scratch_peak = 0;  // the largest request since the last trim (trim_scratch)
     std::uint64_t scratch_allocations = 0;
   };
-  struct alignas(64) slot {
+  struct alignas(16) slot_payload {
     unsigned char bytes[max_exchange_bytes];
   };
+  // One replica's exchange slot: the arrival number (base + call) publishes the payload after
+  // it; the first 48 payload bytes share its line. Two rows (by the parity of the call) let a
+  // replica write its next payload while a slower one still reads this one: it can be two calls
+  // ahead only after everyone arrived at the call in between, having finished reading.
+  struct alignas(64) slot {
+    std::atomic<std::uint64_t> arrived{0};
+    slot_payload payload;
+  };
+  // What a new job publishes, on one line: `seq` last. `run == nullptr` asks the workers to stop.
+  struct alignas(64) job_line {
+    static constexpr std::size_t data_bytes = 40;
+    std::atomic<std::uint64_t> seq{0};              // the epoch of the current parallel call
+    void (*run)(const void*, int) noexcept = nullptr;
+    std::uint64_t base = 0;                         // this call's arrival numbers are base + 1, + 2, ...
+    alignas(std::uint64_t) unsigned char data[data_bytes];  // the closure, or a pointer to it
+  };
+  static_assert(sizeof(job_line) == 64, "the job line is one cache line");
 
-  template <class F>
-  static void invoke(void* f, int r) noexcept {
-    (*static_cast<F*>(f))(r);
+  template <class Fn>
+  static void invoke_inline(const void* data, int r) noexcept {
+    (*std::launder(static_cast<const Fn*>(data)))(r);
+  }
+  template <class Fn>
+  static void invoke_indirect(const void* data, int r) noexcept {
+    Fn* target;
+    std::memcpy(&target, data, sizeof target);
+    (*target)(r);
+  }
+
+  slot* row_of(std::uint64_t call) const noexcept {
+    return slots_.get() + (call & 1u) * static_cast<std::size_t>(n_);
   }
 
   // The part of parallel() that does not depend on f (the spin-then-park wait for the workers
   // above all): one copy, instead of one per replica function.
-  void run_job(void (*job)(void*, int) noexcept, void* arg);
+  void run_job(void (*job)(const void*, int) noexcept);
 
   void run_one(int r) noexcept;
 
@@ -163,13 +227,6 @@ class runtime {
   // scratch, and the last parallel call's end ordered their writes before this).
   static constexpr std::uint64_t trim_period = 16;
   void trim_scratch() noexcept;
-
-  // Only called while no replica runs, so relaxed stores suffice (job_seq_'s release publishes
-  // them). A call whose barriers all opened leaves nothing to reset: generations keep counting
-  // across calls, `finished` is compared with the epoch, and each replica resets its own count
-  // in run_one. Only a call that ended in a half-full barrier (an error) needs a reset, and then
-  // a fresh generation, so no replica's arrived_at from it matches the next call's barriers.
-  void reset_collectives() noexcept;
 
   void arrive(int self);
 
@@ -188,19 +245,13 @@ class runtime {
   std::unique_ptr<slot[]> slots_;
   std::unique_ptr<std::thread[]> workers_;  // replicas 1..n-1 (an array: no vector growth code per TU)
 
-  // What a new job publishes, on one line: a worker reads it all after one miss.
-  alignas(64) std::atomic<std::uint64_t> job_seq_{0};
-  void (*job_)(void*, int) noexcept = nullptr;
-  void* job_arg_ = nullptr;
-  std::uint64_t epoch_ = 0;  // job_seq_ of the current parallel call
-  std::uint64_t calls_since_trim_ = 0;  // parallel calls since trim_scratch last looked
-  bool trim_ = true;                     // false after keep_scratch()
-  alignas(64) std::atomic<int> pending_{0};
-  alignas(64) std::atomic<int> arrived_{0};
-  // What barrier spinners poll, on one line, written only when a barrier opens or is cancelled.
-  alignas(64) std::atomic<std::uint64_t> generation_{0};
-  std::atomic<bool> cancelled_{false};
-  std::atomic<bool> stop_{false};
+  job_line job_;
+  // Read by every arrival, written only by cancel() and the next call's start: its own line.
+  alignas(64) std::atomic<bool> cancelled_{false};
+  // The caller's own bookkeeping between calls.
+  alignas(64) std::uint64_t next_base_ = 0;  // above every arrival number used so far
+  std::uint64_t calls_since_trim_ = 0;        // parallel calls since trim_scratch last looked
+  bool trim_ = true;                          // false after keep_scratch()
 };
 
 // The members that do not depend on a replica function or an element type: compiled in every
@@ -225,8 +276,8 @@ MIRROR_DETAIL_INLINE runtime::runtime(int replicas, std::chrono::milliseconds ti
 }
 
 MIRROR_DETAIL_INLINE runtime::~runtime() {
-  stop_.store(true, std::memory_order_release);
-  job_seq_.fetch_add(1, std::memory_order_acq_rel);
+  job_.run = nullptr;
+  job_.seq.store(job_.seq.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
   job_lot_.wake();
   for (int r = 1; r < n_; ++r) workers_[static_cast<std::size_t>(r - 1)].join();
 }
@@ -250,7 +301,7 @@ MIRROR_DETAIL_INLINE void runtime::limit_cores(unsigned cores) noexcept {
 }
 
 MIRROR_DETAIL_INLINE void runtime::cancel() {
-  cancelled_.store(true, std::memory_order_release);
+  cancelled_.store(true, std::memory_order_seq_cst);  // seq_cst: parking_lot::wake's rule
   barrier_lot_.wake();
 }
 
@@ -266,42 +317,62 @@ MIRROR_DETAIL_INLINE std::uint64_t runtime::scratch_allocations() const noexcept
   return total;
 }
 
-MIRROR_DETAIL_INLINE void runtime::run_job(void (*job)(void*, int) noexcept, void* arg) {
-  reset_collectives();
+MIRROR_DETAIL_INLINE void runtime::run_job(void (*job)(const void*, int) noexcept) {
+  // No replica runs here: the last call's join ordered every replica's writes before this.
+  // (Written only when set: every arrival reads the line, and it should stay in their caches.)
+  if (cancelled_.load(std::memory_order_relaxed)) cancelled_.store(false, std::memory_order_relaxed);
   trim_scratch();
-  job_ = job;
-  job_arg_ = arg;
-  epoch_ = job_seq_.load(std::memory_order_relaxed) + 1;
-  pending_.store(n_ - 1, std::memory_order_relaxed);
-  job_seq_.store(epoch_, std::memory_order_release);
+  job_.run = job;
+  job_.base = next_base_;
+  const std::uint64_t epoch = job_.seq.load(std::memory_order_relaxed) + 1;
+  job_.seq.store(epoch, std::memory_order_seq_cst);  // seq_cst: parking_lot::wake's rule
   job_lot_.wake();
   run_one(0);
-  done_lot_.wait([&] { return pending_.load(std::memory_order_acquire) == 0; });
+  int next = 1;  // workers below it are known to have finished
+  auto all_finished = [&](std::memory_order order) {
+    for (; next < n_; ++next) {
+      if (replica_[static_cast<std::size_t>(next)].finished.load(order) != epoch) return false;
+    }
+    return true;
+  };
+  done_lot_.wait([&] { return all_finished(std::memory_order_acquire); },
+                 [&] { return all_finished(std::memory_order_seq_cst); }, std::nullopt);
+  // The next call numbers its arrivals above every number this one used, so no slot still
+  // holding one of them (a call that ended in an error leaves half-filled barriers) can match.
+  std::uint64_t most = 0;
+  for (int r = 0; r < n_; ++r) most = std::max(most, replica_[static_cast<std::size_t>(r)].calls);
+  next_base_ = job_.base + most;
 }
 
 MIRROR_DETAIL_INLINE void runtime::run_one(int r) noexcept {
   per_replica& me = replica_[static_cast<std::size_t>(r)];
-  me.calls = 0;  // only this replica reads its count, so it resets it (no line crosses cores)
+  me.calls = 0;  // only this replica writes its count, so it resets it (no line crosses cores)
+  const std::uint64_t epoch = job_.seq.load(std::memory_order_relaxed);
   const runtime* outer = current;
   current = this;
-  job_(job_arg_, r);
+  job_.run(job_.data, r);
   current = outer;
-  me.finished.store(epoch_, std::memory_order_seq_cst);
-  // A replica waiting in a barrier may now know r will never arrive. Normally nobody waits
-  // when a replica finishes (every barrier it reached has opened), so skip the wake-up; the
-  // seq_cst pair with arrive()'s fetch_add means a waiter either is counted here or sees
-  // `finished` before it parks.
-  if (arrived_.load(std::memory_order_seq_cst) != 0) barrier_lot_.wake();
+  me.finished.store(epoch, std::memory_order_seq_cst);  // seq_cst: parking_lot::wake's rule
+  // A replica parked in a barrier may now know r will never arrive. (Reads one line that
+  // nobody writes while nobody is parked: free when the others spin.)
+  barrier_lot_.wake();
+  if (r == 0) return;
+  // The caller waits for every worker: the last to finish wakes it. Any worker that sees every
+  // worker finished is late enough; with seq_cst on both sides, the last one always does.
+  for (int p = 1; p < n_; ++p) {
+    if (replica_[static_cast<std::size_t>(p)].finished.load(std::memory_order_seq_cst) != epoch) return;
+  }
+  done_lot_.wake();
 }
 
 MIRROR_DETAIL_INLINE void runtime::work(int r) {
   std::uint64_t seen = 0;
   for (;;) {
-    job_lot_.wait([&] { return job_seq_.load(std::memory_order_acquire) != seen; }, std::nullopt);
-    seen = job_seq_.load(std::memory_order_acquire);
-    if (stop_.load(std::memory_order_acquire)) return;
+    job_lot_.wait([&] { return job_.seq.load(std::memory_order_acquire) != seen; },
+                  [&] { return job_.seq.load(std::memory_order_seq_cst) != seen; }, std::nullopt);
+    seen = job_.seq.load(std::memory_order_acquire);
+    if (job_.run == nullptr) return;
     run_one(r);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_lot_.wake();
   }
 }
 
@@ -318,47 +389,55 @@ MIRROR_DETAIL_INLINE void runtime::trim_scratch() noexcept {
   }
 }
 
-MIRROR_DETAIL_INLINE void runtime::reset_collectives() noexcept {
-  if (arrived_.load(std::memory_order_relaxed) != 0 || cancelled_.load(std::memory_order_relaxed)) {
-    cancelled_.store(false, std::memory_order_relaxed);
-    arrived_.store(0, std::memory_order_relaxed);
-    generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  }
-}
-
 MIRROR_DETAIL_INLINE void runtime::arrive(int self) {
   per_replica& me = replica_[static_cast<std::size_t>(self)];
-  ++me.calls;
+  const std::uint64_t call = ++me.calls;
   if (cancelled_.load(std::memory_order_acquire)) throw detail::collective_cancelled{};
-  const std::uint64_t g = generation_.load(std::memory_order_acquire);
-  me.arrived_at.store(g + 1, std::memory_order_relaxed);
-  if (arrived_.fetch_add(1, std::memory_order_seq_cst) + 1 == n_) {
-    arrived_.store(0, std::memory_order_relaxed);
-    generation_.store(g + 1, std::memory_order_release);
+  slot* const row = row_of(call);
+  const std::uint64_t number = job_.base + call;
+  row[self].arrived.store(number, std::memory_order_release);
+  int next = 0;  // replicas below it (but self) are known to have arrived
+  auto all_arrived = [&](std::memory_order order) {
+    for (; next < n_; ++next) {
+      if (next != self && row[next].arrived.load(order) != number) return false;
+    }
+    return true;
+  };
+  // The last to arrive wakes the replicas that parked waiting for it. A first look while the
+  // store above is still on its way (a seq_cst store would wait for it here, and the look for
+  // the store: two hand-offs in series instead of one); then a fence, and if that look missed
+  // anyone, a second. Of any two replicas the later to pass its fence sees the other's number,
+  // so the last one always finds everyone, and after the fence its wake() obeys
+  // parking_lot::wake's rule.
+  const bool first_look = all_arrived(std::memory_order_acquire);
+  seq_cst_fence();
+  if (first_look || all_arrived(std::memory_order_acquire)) {
     barrier_lot_.wake();
     return;
   }
+  const std::uint64_t epoch = job_.seq.load(std::memory_order_relaxed);
   auto some_finished = [&] {
     for (int r = 0; r < n_; ++r) {
-      if (replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_seq_cst) == epoch_) return true;
+      if (replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_seq_cst) == epoch) return true;
     }
     return false;
   };
-  auto opened = [&] {
-    return generation_.load(std::memory_order_acquire) != g || cancelled_.load(std::memory_order_acquire);
-  };
-  // Spinning polls only the generation's line; whether a replica returned without reaching
-  // this barrier (which wakes parked waiters) is checked once parked.
-  const bool woke = barrier_lot_.wait(opened, [&] { return opened() || some_finished(); },
-                                      std::chrono::nanoseconds(timeout_));
-  // Generation first: a replica finishes only after every barrier it reached has opened.
-  if (generation_.load(std::memory_order_acquire) != g) return;
+  // Spinning polls the slots (and the cancel flag, a line nobody writes meanwhile); whether a
+  // replica returned without reaching this barrier is checked once parked (run_one wakes).
+  const bool woke = barrier_lot_.wait(
+      [&] { return all_arrived(std::memory_order_acquire) || cancelled_.load(std::memory_order_acquire); },
+      [&] {
+        return all_arrived(std::memory_order_seq_cst) || cancelled_.load(std::memory_order_seq_cst) ||
+               some_finished();
+      },
+      std::chrono::nanoseconds(timeout_));
+  // Arrivals first: a replica finishes only after every barrier it reached has opened.
+  if (all_arrived(std::memory_order_acquire)) return;
   if (cancelled_.load(std::memory_order_acquire)) throw detail::collective_cancelled{};
   std::vector<int> missing;
   for (int r = 0; r < n_; ++r) {
-    const per_replica& p = replica_[static_cast<std::size_t>(r)];
-    if (p.arrived_at.load(std::memory_order_acquire) != g + 1 &&
-        (!woke || p.finished.load(std::memory_order_acquire) == epoch_)) {
+    if (row[r].arrived.load(std::memory_order_acquire) != number &&
+        (!woke || replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_acquire) == epoch)) {
       missing.push_back(r);
     }
   }

@@ -40,9 +40,9 @@ MIRROR_DETAIL_INLINE std::string to_string(collective_kind k, int param) {
 /// A leaf size that any size matches (resizable leaves of a broadcast take the source's size).
 inline constexpr std::size_t any_size = std::numeric_limits<std::size_t>::max();
 
-/// What one replica says it is doing. Everything the agreement check compares is inline (the
-/// exchange copies it); `sizes` and `leaf_types` are only read to describe a mismatch, while
-/// every replica is held at a barrier.
+/// What one replica says it is doing, in its own frame. The fields the agreement check compares
+/// travel in the exchange (collective_check); `sizes` and `leaf_types` are only read to
+/// describe a mismatch, while every replica is held at a barrier.
 struct collective_header {
   collective_kind kind;
   int param;                      // ReduceOp for all_reduce, the root for broadcast
@@ -71,32 +71,54 @@ MIRROR_DETAIL_INLINE std::uint64_t shape_hash(const std::size_t* sizes, std::siz
 }
 #endif
 
+/// What the agreement check compares, exchanged ahead of a collective's first payload: the
+/// header's inline fields, and where the rest of it is. 40 bytes, so that with the runtime's
+/// arrival number a scalar payload still shares their cache line (threads::runtime's slots).
+struct collective_check {
+  collective_kind kind;
+  int param;
+  std::uint64_t sequence;
+  const std::type_info* nest;
+  std::uint64_t shape_hash;
+  const collective_header* full;  // the replica's own header: read only to describe a mismatch
+};
+static_assert(sizeof(collective_check) == 40);
+
+inline collective_check check_of(const collective_header& h) noexcept {
+  return {h.kind, h.param, h.sequence, h.nest, h.shape_hash, &h};
+}
+
 inline bool same_call(const collective_header& a, const collective_header& b) noexcept {
   return a.kind == b.kind && a.param == b.param && a.sequence == b.sequence;
 }
 
-/// Whether every replica's header agrees with replica 0's, reading only inline fields. (Not a
+/// Whether every replica's check agrees with replica 0's, reading only inline fields. (Not a
 /// template over the exchanged payload: one copy per program, not one per collective type.)
-MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_header>& hs) noexcept;
+MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_check>& cs) noexcept;
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_header>& hs) noexcept {
-  for (std::size_t r = 1; r < hs.size(); ++r) {
-    if (!same_call(hs[r], hs[0]) || *hs[r].nest != *hs[0].nest || hs[r].shape_hash != hs[0].shape_hash) return false;
+MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_check>& cs) noexcept {
+  const collective_check& c0 = cs[0];
+  for (std::size_t r = 1; r < cs.size(); ++r) {
+    const collective_check& c = cs[r];
+    if (c.kind != c0.kind || c.param != c0.param || c.sequence != c0.sequence || c.shape_hash != c0.shape_hash ||
+        *c.nest != *c0.nest) {
+      return false;
+    }
   }
   return true;
 }
 #endif
 
 /// The message for a disagreement. Reads other replicas' frames: call it only while they wait.
-MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collective_header>& hs);
+MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collective_check>& cs);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collective_header>& hs) {
-  const collective_header& h0 = hs[0];
+MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collective_check>& cs) {
+  const collective_header& h0 = *cs[0].full;
   const auto seq = [](const collective_header& h) { return static_cast<unsigned long long>(h.sequence); };
-  for (std::size_t r = 1; r < hs.size(); ++r) {
-    const collective_header& h = hs[r];
+  for (std::size_t r = 1; r < cs.size(); ++r) {
+    const collective_header& h = *cs[r].full;
     if (!same_call(h, h0)) {
       return format("mirror: replicas disagree on collective #%llu: replica 0 called %s but replica %zu called %s "
                     "(its collective #%llu); every replica must make the same collective calls in the same order",
@@ -139,16 +161,16 @@ class collective {
   template <class P>
   exchanged<P> exchange(const P& payload) {
     if (header_ == nullptr) return rt_->exchange(self_, payload);
-    struct with_header {
-      collective_header h;
+    struct with_check {
+      collective_check h;
       P p;
     };
-    const auto all = rt_->exchange(self_, with_header{*header_, payload});
+    const auto all = rt_->exchange(self_, with_check{check_of(*header_), payload});
     header_ = nullptr;
-    static_assert(offsetof(with_header, h) == 0);
-    const auto headers = all.template member<collective_header>(0);
-    if (!agree(headers)) disagree(headers);
-    return all.template member<P>(offsetof(with_header, p));
+    static_assert(offsetof(with_check, h) == 0);
+    const auto checks = all.template member<collective_check>(0);
+    if (!agree(checks)) disagree(checks);
+    return all.template member<P>(offsetof(with_check, p));
   }
 
   /// A barrier (an exchange of nothing).
@@ -162,10 +184,10 @@ class collective {
 
  private:
   // Out of exchange<P>: one copy per runtime, not one per payload type.
-  [[noreturn]] void disagree(const exchanged<collective_header>& headers) {
-    // Every replica sees the same headers, so all of them are here; none may unwind (and free
-    // the sizes the others read) before all have built the message.
-    std::string message = describe_disagreement(headers);
+  [[noreturn]] void disagree(const exchanged<collective_check>& checks) {
+    // Every replica sees the same checks, so all of them are here; none may unwind (and free
+    // the headers and sizes the others read) before all have built the message.
+    std::string message = describe_disagreement(checks);
     rt_->barrier(self_);
     throw shape_error(std::move(message));
   }

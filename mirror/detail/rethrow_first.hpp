@@ -21,7 +21,8 @@ MIRROR_DETAIL_INLINE void rethrow_first(std::vector<std::exception_ptr>& errors,
   std::exception_ptr first;
   int replica = 0;
   for (std::size_t r = 0; r < errors.size(); ++r) {
-    if (errors[r] && !first) {
+    if (!errors[r]) continue;  // the common case: no call into exception_ptr's out-of-line members
+    if (!first) {
       first = std::move(errors[r]);
       replica = static_cast<int>(r);
     }
