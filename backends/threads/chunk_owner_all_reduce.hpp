@@ -29,6 +29,9 @@ namespace mirror::ops {
 struct ChunkOwnerAllReduce {
   /// Messages up to this many bytes take the one-barrier latency path.
   static constexpr std::size_t latency_bytes = 64;
+  /// Messages up to this many bytes (a float or double scalar, two floats) travel in the same
+  /// cache line as the exchange's arrival number and agreement check: one line per replica.
+  static constexpr std::size_t scalar_bytes = 8;
   /// Elements combined per block; 8 KiB of floats stays in L1 while it is written out N times.
   static constexpr std::size_t block_bytes = 8192;
 
@@ -49,6 +52,8 @@ struct ChunkOwnerAllReduce {
  private:
   template <class Rt, class E>
   static void small(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s);
+  template <std::size_t Bytes, class Rt, class E>
+  static void small_within(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s);
   template <class Rt, class E>
   static void large(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s);
 };
@@ -57,7 +62,16 @@ struct ChunkOwnerAllReduce {
 // them from libmirror_threads (mirror/detail/separate_compilation.hpp).
 template <class Rt, class E>
 void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) {
-  constexpr std::size_t capacity = latency_bytes / sizeof(E) > 0 ? latency_bytes / sizeof(E) : 1;
+  if (s.total * sizeof(E) <= scalar_bytes) {
+    small_within<scalar_bytes>(c, op, s);
+  } else {
+    small_within<latency_bytes>(c, op, s);
+  }
+}
+
+template <std::size_t Bytes, class Rt, class E>
+void ChunkOwnerAllReduce::small_within(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) {
+  constexpr std::size_t capacity = Bytes / sizeof(E) > 0 ? Bytes / sizeof(E) : 1;
   struct line {
     E values[capacity];
   };

@@ -106,7 +106,8 @@ TEMPLATE_TEST_CASE("conformance: all_reduce equals a serial reference for every 
   for (const int R : mirror::test::replica_counts) {
     if (!(CONFORMANCE_SUPPORTS(R))) continue;
     auto& s = conformance::strategy_with(R);
-    const std::size_t sizes[] = {1, 3, static_cast<std::size_t>(5 * R + 1), 1009, mirror::test::large_size};
+    // 1 and 2: the scalar latency path up to its 8-byte bound (2 floats), 3: the one-line path
+    const std::size_t sizes[] = {1, 2, 3, static_cast<std::size_t>(5 * R + 1), 1009, mirror::test::large_size};
     for (const std::size_t n : sizes) {
       for (const auto op : mirror::test::all_ops) {
         CAPTURE(R, n, mirror::to_string(op));
