@@ -39,8 +39,8 @@ inline void seq_cst_fence() noexcept {
 }
 
 /// One condition variable shared by every waiter of a runtime. `wake()` is cheap when nobody
-/// sleeps (one read-modify-write of a line only wakers and sleepers touch), which is the common
-/// case while replicas spin. Cache-line aligned, so that neighbouring lots and counters do not
+/// sleeps (a read of a line only sleepers write), which is the common case while replicas
+/// spin. Cache-line aligned, so that neighbouring lots and counters do not
 /// share lines with it.
 class alignas(64) parking_lot {
  public:

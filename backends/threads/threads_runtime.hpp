@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <new>
 #include <span>
 #include <stdexcept>
@@ -54,7 +55,9 @@ class runtime {
   bool in_parallel() const noexcept { return current == this; }
 
   /// Calls f(r) for every replica r concurrently (r = 0 on the calling thread); returns when
-  /// all have returned. f must not throw.
+  /// all have returned. f must not throw. A small trivially copyable f whose call operator is
+  /// const is called through a copy that every replica shares (so a `mutable` member it changes
+  /// does not reach the caller's object).
   template <class F>
   void parallel(F&& f) {
     using Fn = std::remove_reference_t<F>;
@@ -75,7 +78,7 @@ class runtime {
   }
 
   /// Makes every waiting and later exchange/barrier of the current parallel call throw
-  /// detail::collective_cancelled.
+  /// detail::collective_cancelled (or the call's timeout_error, when a collective timed out).
   void cancel();
 
   /// All-gather of `payload` and a barrier.
@@ -84,6 +87,8 @@ class runtime {
     static_assert(std::is_trivially_copyable_v<P>, "exchange payloads are copied as bytes");
     static_assert(sizeof(P) <= max_exchange_bytes && alignof(P) <= alignof(slot_payload),
                   "exchange payload too large for the runtime's slots");
+    // Before the payload is written: after a failure a replica may still be reading this row.
+    if (cancelled_.load(std::memory_order_acquire)) throw_cancelled();
     slot* const row = row_of(replica_[static_cast<std::size_t>(self)].calls + 1);
     // Every load of the payload before any store into the slot. The payload is usually a
     // temporary the caller has just built with stores of other widths than a copy's loads, so
@@ -230,8 +235,14 @@ class runtime {
 
   void arrive(int self);
 
-  // The message of arrive()'s timeout_error, out of line: arrive() is on every collective's path.
-  [[noreturn]] void throw_timeout(int self, bool woke, std::vector<int> missing) const;
+  // A timed-out collective ends the collectives of the parallel call: its timeout_error is kept
+  // and every pending or later exchange/barrier of the call throws it. Without that, a replica
+  // that caught the error inside fn and went on would leave its arrival in a slot that a late
+  // replica then takes for this collective's, and the two would pair different collectives.
+  // The message is built out of line: arrive() is on every collective's path.
+  [[noreturn]] void throw_timeout(int self, bool woke, std::vector<int> missing);
+  // What an exchange/barrier of a cancelled call throws.
+  [[noreturn]] void throw_cancelled() const;
 
   inline static thread_local const runtime* current = nullptr;
 
@@ -248,6 +259,9 @@ class runtime {
   job_line job_;
   // Read by every arrival, written only by cancel() and the next call's start: its own line.
   alignas(64) std::atomic<bool> cancelled_{false};
+  // The call's timeout_error (throw_timeout): claimed (1), then published (2) before cancelled_.
+  std::atomic<int> failure_state_{0};
+  std::exception_ptr failure_;
   // The caller's own bookkeeping between calls.
   alignas(64) std::uint64_t next_base_ = 0;  // above every arrival number used so far
   std::uint64_t calls_since_trim_ = 0;        // parallel calls since trim_scratch last looked
@@ -320,7 +334,11 @@ MIRROR_DETAIL_INLINE std::uint64_t runtime::scratch_allocations() const noexcept
 MIRROR_DETAIL_INLINE void runtime::run_job(void (*job)(const void*, int) noexcept) {
   // No replica runs here: the last call's join ordered every replica's writes before this.
   // (Written only when set: every arrival reads the line, and it should stay in their caches.)
-  if (cancelled_.load(std::memory_order_relaxed)) cancelled_.store(false, std::memory_order_relaxed);
+  if (cancelled_.load(std::memory_order_relaxed)) {
+    cancelled_.store(false, std::memory_order_relaxed);
+    failure_state_.store(0, std::memory_order_relaxed);
+    failure_ = nullptr;
+  }
   trim_scratch();
   job_.run = job;
   job_.base = next_base_;
@@ -392,7 +410,7 @@ MIRROR_DETAIL_INLINE void runtime::trim_scratch() noexcept {
 MIRROR_DETAIL_INLINE void runtime::arrive(int self) {
   per_replica& me = replica_[static_cast<std::size_t>(self)];
   const std::uint64_t call = ++me.calls;
-  if (cancelled_.load(std::memory_order_acquire)) throw detail::collective_cancelled{};
+  if (cancelled_.load(std::memory_order_acquire)) throw_cancelled();
   slot* const row = row_of(call);
   const std::uint64_t number = job_.base + call;
   row[self].arrived.store(number, std::memory_order_release);
@@ -433,7 +451,7 @@ MIRROR_DETAIL_INLINE void runtime::arrive(int self) {
       std::chrono::nanoseconds(timeout_));
   // Arrivals first: a replica finishes only after every barrier it reached has opened.
   if (all_arrived(std::memory_order_acquire)) return;
-  if (cancelled_.load(std::memory_order_acquire)) throw detail::collective_cancelled{};
+  if (cancelled_.load(std::memory_order_acquire)) throw_cancelled();
   std::vector<int> missing;
   for (int r = 0; r < n_; ++r) {
     if (row[r].arrived.load(std::memory_order_acquire) != number &&
@@ -444,18 +462,33 @@ MIRROR_DETAIL_INLINE void runtime::arrive(int self) {
   throw_timeout(self, woke, std::move(missing));
 }
 
-MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::vector<int> missing) const {
+MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::vector<int> missing) {
   std::string names;
   for (int r : missing) names += detail::format(names.empty() ? "%d" : ", %d", r);
   const per_replica& me = replica_[static_cast<std::size_t>(self)];
-  throw timeout_error(
-      woke ? detail::format("mirror: replica %d waits in collective call %zu that replicas {%s} returned from fn "
+  std::exception_ptr failure = std::make_exception_ptr(timeout_error(
+      woke ? detail::format("mirror: replica %d waits in collective call %llu that replicas {%s} returned from fn "
                             "without reaching; every replica must make the same collective calls",
-                            self, me.calls, names.c_str())
+                            self, static_cast<unsigned long long>(me.calls), names.c_str())
            : detail::format("mirror: replica %d waited %lld ms in a collective that replicas {%s} did not reach; "
                             "raise devices::Threads{.timeout} if they are just slow",
                             self, static_cast<long long>(timeout_.count()), names.c_str()),
-      std::move(missing));
+      std::move(missing)));
+  // The first replica to time out publishes its error (state 2 before cancelled_, so that a
+  // replica seeing the flag set by it finds the error); a cancel() already under way, or a
+  // second timeout, leaves it to them.
+  int unclaimed = 0;
+  if (failure_state_.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
+    failure_ = failure;
+    failure_state_.store(2, std::memory_order_release);
+    cancel();
+  }
+  std::rethrow_exception(failure);
+}
+
+MIRROR_DETAIL_INLINE void runtime::throw_cancelled() const {
+  if (failure_state_.load(std::memory_order_acquire) == 2) std::rethrow_exception(failure_);
+  throw detail::collective_cancelled{};
 }
 #endif
 

@@ -88,10 +88,6 @@ inline collective_check check_of(const collective_header& h) noexcept {
   return {h.kind, h.param, h.sequence, h.nest, h.shape_hash, &h};
 }
 
-inline bool same_call(const collective_header& a, const collective_header& b) noexcept {
-  return a.kind == b.kind && a.param == b.param && a.sequence == b.sequence;
-}
-
 /// Whether every replica's check agrees with replica 0's, reading only inline fields. (Not a
 /// template over the exchanged payload: one copy per program, not one per collective type.)
 MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_check>& cs) noexcept;
@@ -115,33 +111,42 @@ MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collectiv
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
 MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collective_check>& cs) {
-  const collective_header& h0 = *cs[0].full;
-  const auto seq = [](const collective_header& h) { return static_cast<unsigned long long>(h.sequence); };
+  // Which collective and which nest: from the checks copied into the slots. A replica's own
+  // header (`full`, in its frame) is read only once its check names the same collective and
+  // nest as replica 0's: then both are in disagree(), held at its barrier. (A slot can hold an
+  // older check, or none, when a replica left a barrier early; its frame is gone by then.)
+  const collective_check& c0 = cs[0];
+  const auto seq = [](const collective_check& c) { return static_cast<unsigned long long>(c.sequence); };
+  const auto nest_name = [](const collective_check& c) {
+    return c.nest != nullptr ? demangle(c.nest->name()) : std::string("?");
+  };
   for (std::size_t r = 1; r < cs.size(); ++r) {
-    const collective_header& h = *cs[r].full;
-    if (!same_call(h, h0)) {
+    const collective_check& c = cs[r];
+    if (c.kind != c0.kind || c.param != c0.param || c.sequence != c0.sequence) {
       return format("mirror: replicas disagree on collective #%llu: replica 0 called %s but replica %zu called %s "
                     "(its collective #%llu); every replica must make the same collective calls in the same order",
-                    seq(h0), to_string(h0.kind, h0.param).c_str(), r, to_string(h.kind, h.param).c_str(), seq(h));
+                    seq(c0), to_string(c0.kind, c0.param).c_str(), r, to_string(c.kind, c.param).c_str(), seq(c));
     }
-    if (*h.nest != *h0.nest) {
+    if (c.nest == nullptr || c0.nest == nullptr || *c.nest != *c0.nest) {
       return format("mirror: collective #%llu (%s): mismatched nests: replica %zu passed %s but replica 0 passed %s; "
                     "every replica must pass the same nest type",
-                    seq(h0), to_string(h0.kind, h0.param).c_str(), r, demangle(h.nest->name()).c_str(),
-                    demangle(h0.nest->name()).c_str());
+                    seq(c0), to_string(c0.kind, c0.param).c_str(), r, nest_name(c).c_str(), nest_name(c0).c_str());
     }
+    if (c.full == nullptr || c0.full == nullptr) continue;
+    const collective_header& h0 = *c0.full;
+    const collective_header& h = *c.full;
     for (std::size_t k = 0; k < h0.num_leaves; ++k) {
       const std::size_t a = h0.sizes[k], b = h.sizes[k];
       if (a != b && a != any_size && b != any_size) {
         return format("mirror: collective #%llu (%s): shape mismatch at leaf %zu (%s): %zu elements on replica %zu "
                       "but %zu on replica 0; every replica must pass leaves of the same size",
-                      seq(h0), to_string(h0.kind, h0.param).c_str(), k, demangle(h0.leaf_types[k]).c_str(), b, r,
+                      seq(c0), to_string(c0.kind, c0.param).c_str(), k, demangle(h0.leaf_types[k]).c_str(), b, r,
                       a);
       }
     }
   }
-  return format("mirror: collective #%llu (%s): replicas disagree on the shapes of the leaves", seq(h0),
-                to_string(h0.kind, h0.param).c_str());
+  return format("mirror: collective #%llu (%s): replicas disagree on the shapes of the leaves", seq(c0),
+                to_string(c0.kind, c0.param).c_str());
 }
 #endif
 

@@ -99,6 +99,41 @@ TEST_CASE("a replica that is late beyond the timeout is named, and the others do
   REQUIRE(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }).primary() == 3);
 }
 
+TEST_CASE("a timed-out collective ends the run's collectives, even when fn catches the error",
+          "[threads][errors][timeout]") {
+  // Replica 0 times out, catches the error and goes on; replica 1 arrives late at the first
+  // collective (with another op). Its first collective must not pair with replica 0's stale
+  // arrival, nor replica 0's second one with anything: every later collective of the run throws
+  // the timeout, and run reports it (it once crashed describing a "disagreement" from a slot
+  // that held no check).
+  S s{{.replicas = 2, .timeout = 100ms}};
+  std::atomic<bool> caught{false};
+  std::atomic<int> second_returned{0};
+  try {
+    s.run([&](auto& ctx) {
+      if (ctx.replica_id_in_sync_group() == 0) {
+        try {
+          ctx.all_reduce(ReduceOp::sum, 1.0f);
+        } catch (const mirror::timeout_error&) {
+          caught = true;
+        }
+        ctx.all_reduce(ReduceOp::sum, 2.0f);
+        ++second_returned;
+      } else {
+        while (!caught) std::this_thread::sleep_for(1ms);  // late: after replica 0 gave up
+        ctx.all_reduce(ReduceOp::max, 1.0f);
+        ++second_returned;
+      }
+    });
+    FAIL("no exception");
+  } catch (const mirror::timeout_error& e) {
+    REQUIRE(e.missing() == std::vector<int>{1});
+    REQUIRE_THAT(e.what(), Catch::Contains("100 ms") && Catch::Contains("{1} did not reach"));
+  }
+  REQUIRE(second_returned == 0);
+  REQUIRE(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }).primary() == 2);
+}
+
 TEST_CASE("many strategies can live side by side", "[threads][pool]") {
   S a{{.replicas = 2}}, b{{.replicas = 3}};
   const auto x = a.run([&](auto& ctx) {
