@@ -4,9 +4,11 @@
 /// `mirror::Strategy<Device, Ops>`: synchronous data parallelism over the replicas of a device.
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -72,6 +74,16 @@ decltype(auto) hold_for_replica(A&& a, int r, Context& ctx) {
     return std::as_const(a);
   }
 }
+
+/// Whether run can keep replica results of type R in the runtime's per-replica result areas
+/// (threads::runtime::result_area): the runtime has them, and an optional<R> fits and moves
+/// without throwing. (A concept, so that runtimes without `result_bytes` just fail it.)
+template <class Rt, class R>
+concept keeps_results_in_areas = requires(Rt& rt) {
+  { rt.result_area(0) } -> std::same_as<void*>;
+  { Rt::result_bytes } -> std::convertible_to<std::size_t>;
+} && sizeof(std::optional<R>) <= Rt::result_bytes && alignof(std::optional<R>) <= 16 &&
+                                 std::is_nothrow_move_constructible_v<R>;
 
 /// The lvalue fn receives for what a replica holds (a reference, or a value held in run's frame).
 template <class H>
@@ -200,6 +212,26 @@ class Strategy {
         });
       });
       rethrow_first(errors);
+    } else if constexpr (detail::keeps_results_in_areas<runtime_type, Result>) {
+      // Each replica builds its result in the runtime's result area, on the line the caller
+      // reads anyway to see that the replica finished: a worker writing into a vector of the
+      // caller's costs two more cache-line hand-offs (the line's ownership, then the read).
+      std::vector<std::optional<Result>> slots;
+      slots.reserve(static_cast<std::size_t>(n));  // before: nothing below may throw
+      rt_.parallel([&](int r) noexcept {
+        auto* mine = ::new (rt_.result_area(r)) std::optional<Result>();
+        guarded(errors, r, [&] {
+          context_type ctx(*this, r);
+          mine->emplace(call_fn(fn, ctx, r, args...));
+        });
+      });
+      for (int r = 0; r < n; ++r) {
+        auto* theirs = std::launder(static_cast<std::optional<Result>*>(rt_.result_area(r)));
+        slots.emplace_back(std::move(*theirs));
+        theirs->~optional();
+      }
+      rethrow_first(errors);
+      return detail::run_result<Result>::assemble(slots);
     } else {
       std::vector<std::optional<Result>> slots(static_cast<std::size_t>(n));
       rt_.parallel([&](int r) noexcept {

@@ -129,6 +129,13 @@ class runtime {
     return reinterpret_cast<E*>(me.scratch.get());
   }
 
+  /// Room for a small value that replica `r` hands back from a parallel call: `result_bytes`,
+  /// aligned to 16, on the line the caller reads to see that `r` finished, so returning a value
+  /// costs no cache-line hand-off of its own (the caller reads it after parallel() returned;
+  /// the next parallel call may overwrite it). Strategy::run keeps its replicas' results here.
+  static constexpr std::size_t result_bytes = 48;
+  void* result_area(int r) noexcept { return replica_[static_cast<std::size_t>(r)].result; }
+
   /// Scratch memory the replicas hold between parallel calls, in bytes (call while none runs).
   std::size_t scratch_bytes() const noexcept;
   /// Never free scratch between parallel calls (see trim_scratch). devices::Cluster asks for it:
@@ -171,10 +178,13 @@ class runtime {
     void operator()(std::byte* p) const noexcept { ::operator delete(p, std::align_val_t{64}); }
   };
   struct alignas(64) per_replica {
+    // Line 0: what the caller reads when the replica finished.
     std::atomic<std::uint64_t> finished{0};  // epoch of the last parallel call whose f returned
     // Exchanges + barriers this replica entered in the current call. Written only by it; the
     // caller reads it after the join (to number the next call's arrivals above these).
     std::uint64_t calls = 0;
+    alignas(16) unsigned char result[result_bytes];  // result_area()
+    // Line 1: the replica's scratch, touched by others only between calls.
     std::unique_ptr<std::byte, aligned_delete> scratch;
     std::size_t scratch_bytes = 0;
     std::size_t scratch_peak = 0;  // the largest request since the last trim (trim_scratch)
