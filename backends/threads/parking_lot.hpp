@@ -40,8 +40,7 @@ inline void seq_cst_fence() noexcept {
 
 /// One condition variable shared by every waiter of a runtime. `wake()` is cheap when nobody
 /// sleeps (a read of a line only sleepers write), which is the common case while replicas
-/// spin. Cache-line aligned, so that neighbouring lots and counters do not
-/// share lines with it.
+/// spin. Cache-line aligned, so that neighbouring lots and counters do not share lines with it.
 class alignas(64) parking_lot {
  public:
   /// How long a waiter spins, then how many times it yields, before it parks. The spin is
@@ -53,16 +52,11 @@ class alignas(64) parking_lot {
     yields_.store(yields, std::memory_order_relaxed);
   }
 
-  /// Waits until `ready()` is true, or `timeout` (counted from when the waiter parks) passes;
-  /// then returns false.
-  template <class Ready>
-  bool wait(Ready&& ready, std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
-    return wait(ready, ready, timeout);
-  }
-
-  /// Like wait(ready, timeout), but while spinning and yielding only the cheap `spin_ready()` is
-  /// polled (so a spinner keeps no line that other threads write in shared state); `ready()`,
-  /// which must include every condition a waker signals, decides once the waiter parks.
+  /// Waits until the condition holds, or `timeout` (counted from when the waiter parks) passes;
+  /// then returns false. While spinning and yielding only the cheap `spin_ready()` is polled (so
+  /// a spinner keeps no line that other threads write in shared state); `ready()`, which must
+  /// include every condition a waker signals and read it with seq_cst loads (wake()'s rule),
+  /// decides once the waiter parks.
   template <class SpinReady, class Ready>
   bool wait(SpinReady&& spin_ready, Ready&& ready, std::optional<std::chrono::nanoseconds> timeout) {
     const std::int64_t spin_ns = spin_ns_.load(std::memory_order_relaxed);
@@ -73,21 +67,21 @@ class alignas(64) parking_lot {
       // partner may be queued behind this very spinner on its core, and only a yield (or
       // parking) lets it run. On an idle core the yield returns at once.
       constexpr std::int64_t pure_ns = 2'000;
-      // A first round of polls before the clock is read: reading it costs 20-30 ns under KVM,
-      // about a cache-line hand-off, and a partner on its own core is often that close.
-      for (int i = 0; i < 16; ++i) {
-        if (spin_ready()) return true;
-        cpu_relax();
-      }
-      const auto start = std::chrono::steady_clock::now();
+      // The clock is first read after a round of polls, and the spin counted from there:
+      // reading it costs 20-30 ns under KVM, about a cache-line hand-off, and a partner on its
+      // own core is often that close.
+      std::optional<std::chrono::steady_clock::time_point> start;
       for (;;) {
         for (int i = 0; i < 16; ++i) {
           if (spin_ready()) return true;
           cpu_relax();
         }
-        const std::int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                       std::chrono::steady_clock::now() - start)
-                                       .count();
+        const auto now = std::chrono::steady_clock::now();
+        if (!start) {
+          start = now;
+          continue;
+        }
+        const std::int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(now - *start).count();
         if (spent >= spin_ns) break;
         if (spent >= pure_ns) std::this_thread::yield();
       }
@@ -120,9 +114,9 @@ class alignas(64) parking_lot {
 
   /// Call after changing state a waiter may be waiting for. The rule: make the change with a
   /// seq_cst store or read-modify-write (or any store followed by seq_cst_fence()), and let the
-  /// waiters' `ready()` read it with seq_cst loads (see wait()). Then this is a plain read of a line that nobody writes while nobody
-  /// parks: no cache-line hand-off on the spinning fast path (a read-modify-write here cost one
-  /// per wake-up, on every fork, barrier and join).
+  /// waiters' `ready()` read it with seq_cst loads (see wait()). Then this is a plain read of a
+  /// line that nobody writes while nobody parks: no cache-line hand-off on the spinning fast
+  /// path (a read-modify-write here cost one per wake-up, on every fork, barrier and join).
   void wake() {
     if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
     { std::lock_guard lock(mutex_); }  // a sleeper is inside wait(), or has not yet tested ready()

@@ -232,6 +232,15 @@ class runtime {
 
   void run_one(int r) noexcept;
 
+  // Whether every worker from `from` on has finished the call `epoch`; advances `from` past
+  // those that have (a waiter's later looks skip them).
+  bool workers_finished(std::uint64_t epoch, int& from, std::memory_order order) const noexcept {
+    for (; from < n_; ++from) {
+      if (replica_[static_cast<std::size_t>(from)].finished.load(order) != epoch) return false;
+    }
+    return true;
+  }
+
   void work(int r);
 
   // Scratch grows to the largest request and is kept, so a training loop's collectives allocate
@@ -357,14 +366,8 @@ MIRROR_DETAIL_INLINE void runtime::run_job(void (*job)(const void*, int) noexcep
   job_lot_.wake();
   run_one(0);
   int next = 1;  // workers below it are known to have finished
-  auto all_finished = [&](std::memory_order order) {
-    for (; next < n_; ++next) {
-      if (replica_[static_cast<std::size_t>(next)].finished.load(order) != epoch) return false;
-    }
-    return true;
-  };
-  done_lot_.wait([&] { return all_finished(std::memory_order_acquire); },
-                 [&] { return all_finished(std::memory_order_seq_cst); }, std::nullopt);
+  done_lot_.wait([&] { return workers_finished(epoch, next, std::memory_order_acquire); },
+                 [&] { return workers_finished(epoch, next, std::memory_order_seq_cst); }, std::nullopt);
   // The next call numbers its arrivals above every number this one used, so no slot still
   // holding one of them (a call that ended in an error leaves half-filled barriers) can match.
   std::uint64_t most = 0;
@@ -387,10 +390,8 @@ MIRROR_DETAIL_INLINE void runtime::run_one(int r) noexcept {
   if (r == 0) return;
   // The caller waits for every worker: the last to finish wakes it. Any worker that sees every
   // worker finished is late enough; with seq_cst on both sides, the last one always does.
-  for (int p = 1; p < n_; ++p) {
-    if (replica_[static_cast<std::size_t>(p)].finished.load(std::memory_order_seq_cst) != epoch) return;
-  }
-  done_lot_.wake();
+  int first = 1;
+  if (workers_finished(epoch, first, std::memory_order_seq_cst)) done_lot_.wake();
 }
 
 MIRROR_DETAIL_INLINE void runtime::work(int r) {
