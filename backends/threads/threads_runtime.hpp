@@ -106,7 +106,10 @@ class runtime {
     return detail::exchanged<P>(row[0].payload.bytes, sizeof(slot), static_cast<std::size_t>(n_));
   }
 
-  void barrier(int self) { arrive(self); }
+  void barrier(int self) {
+    if (cancelled_.load(std::memory_order_acquire)) throw_cancelled();
+    arrive(self);
+  }
 
   // ---- memory: host memory shared by every replica ----
   template <class E>
@@ -252,6 +255,9 @@ class runtime {
   static constexpr std::uint64_t trim_period = 16;
   void trim_scratch() noexcept;
 
+  // Publishes self's arrival at its next collective and waits for the others. Its callers,
+  // exchange() and barrier(), have looked at cancelled_ already (exchange before it writes the
+  // payload), so arrive() does not look again before it publishes.
   void arrive(int self);
 
   // A timed-out collective ends the collectives of the parallel call: its timeout_error is kept
@@ -421,7 +427,6 @@ MIRROR_DETAIL_INLINE void runtime::trim_scratch() noexcept {
 MIRROR_DETAIL_INLINE void runtime::arrive(int self) {
   per_replica& me = replica_[static_cast<std::size_t>(self)];
   const std::uint64_t call = ++me.calls;
-  if (cancelled_.load(std::memory_order_acquire)) throw_cancelled();
   slot* const row = row_of(call);
   const std::uint64_t number = job_.base + call;
   row[self].arrived.store(number, std::memory_order_release);
