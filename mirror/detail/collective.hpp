@@ -88,6 +88,11 @@ inline collective_check check_of(const collective_header& h) noexcept {
   return {h.kind, h.param, h.sequence, h.nest, h.shape_hash, &h};
 }
 
+/// Whether two checks name the same collective call (kind, parameter, position in the run).
+inline bool same_call(const collective_check& a, const collective_check& b) noexcept {
+  return a.kind == b.kind && a.param == b.param && a.sequence == b.sequence;
+}
+
 /// Whether every replica's check agrees with replica 0's, reading only inline fields. (Not a
 /// template over the exchanged payload: one copy per program, not one per collective type.)
 MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_check>& cs) noexcept;
@@ -97,10 +102,7 @@ MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_check>& cs) noexcept 
   const collective_check& c0 = cs[0];
   for (std::size_t r = 1; r < cs.size(); ++r) {
     const collective_check& c = cs[r];
-    if (c.kind != c0.kind || c.param != c0.param || c.sequence != c0.sequence || c.shape_hash != c0.shape_hash ||
-        *c.nest != *c0.nest) {
-      return false;
-    }
+    if (!same_call(c, c0) || c.shape_hash != c0.shape_hash || *c.nest != *c0.nest) return false;
   }
   return true;
 }
@@ -122,7 +124,7 @@ MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collectiv
   };
   for (std::size_t r = 1; r < cs.size(); ++r) {
     const collective_check& c = cs[r];
-    if (c.kind != c0.kind || c.param != c0.param || c.sequence != c0.sequence) {
+    if (!same_call(c, c0)) {
       return format("mirror: replicas disagree on collective #%llu: replica 0 called %s but replica %zu called %s "
                     "(its collective #%llu); every replica must make the same collective calls in the same order",
                     seq(c0), to_string(c0.kind, c0.param).c_str(), r, to_string(c.kind, c.param).c_str(), seq(c));
