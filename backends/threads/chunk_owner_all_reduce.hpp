@@ -6,11 +6,13 @@
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <cstring>
+#include <span>
+#include <type_traits>
 #include <backends/threads/threads_device.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
 #include <mirror/default_ops.hpp>
 #include <mirror/detail/collective.hpp>
-#include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/element_kernels.hpp>
 #include <mirror/detail/segments.hpp>
 #include <mirror/detail/separate_compilation.hpp>
 #include <mirror/reduce_op.hpp>
@@ -42,76 +44,86 @@ struct ChunkOwnerAllReduce {
     static_assert(Rt::host_addressable,
                   "mirror::ops::ChunkOwnerAllReduce needs a device whose replicas share host memory "
                   "(devices::Threads); on other devices use ops::ReductionToOneDevice or ops::HierarchicalCopy");
-    if (s.total * sizeof(E) <= latency_bytes) {
-      small(c, op, s);
+    static_assert(std::is_same_v<typename Rt::template pointer<E>, E*>);
+    // One copy of the algorithm for every element type: it moves bytes, and calls the type's
+    // arithmetic through element_kernels (per type, only combine_into and divide_all are
+    // compiled). Before, each element type compiled its own small and large paths: in a program
+    // reducing floats and doubles they were a quarter of the code GCC generated
+    // (README, Performance: compile time).
+    const untyped_leaves b{s.leaves.data(), s.sizes, s.total, &detail::element_kernels_of<E>::value};
+    if (s.total * sizeof(E) <= scalar_bytes) {
+      small<scalar_bytes>(c, op, b);
+    } else if (s.total * sizeof(E) <= latency_bytes) {
+      small<latency_bytes>(c, op, b);
     } else {
-      large(c, op, s);
+      large(c, op, b);
     }
   }
 
  private:
-  template <class Rt, class E>
-  static void small(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s);
-  template <std::size_t Bytes, class Rt, class E>
-  static void small_within(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s);
-  template <class Rt, class E>
-  static void large(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s);
+  // One replica's leaves without their element type.
+  struct untyped_leaves {
+    const void* leaves;  // E* const*, read through kernels->leaf
+    std::span<const std::size_t> sizes;  // elements per leaf
+    std::size_t total;                   // elements
+    const detail::element_kernels* kernels;
+  };
+  template <std::size_t Bytes, class Rt>
+  static void small(detail::collective<Rt>& c, ReduceOp op, const untyped_leaves& s);
+  template <class Rt>
+  static void large(detail::collective<Rt>& c, ReduceOp op, const untyped_leaves& s);
 };
 
 // Out of the class, so that they are not inline: a separately compiled program then takes
 // them from libmirror_threads (mirror/detail/separate_compilation.hpp).
-template <class Rt, class E>
-void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) {
-  if (s.total * sizeof(E) <= scalar_bytes) {
-    small_within<scalar_bytes>(c, op, s);
-  } else {
-    small_within<latency_bytes>(c, op, s);
-  }
-}
-
-template <std::size_t Bytes, class Rt, class E>
-void ChunkOwnerAllReduce::small_within(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) {
-  constexpr std::size_t capacity = Bytes / sizeof(E) > 0 ? Bytes / sizeof(E) : 1;
-  struct line {
-    E values[capacity];
+template <std::size_t Bytes, class Rt>
+void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const untyped_leaves& s) {
+  // Aligned for any element type; at 8 bytes (float or double scalars, two floats) no more than
+  // 8, so that the payload stays on the line of the slot's arrival number and the check.
+  struct alignas(Bytes <= 8 ? 8 : 16) line {
+    unsigned char data[Bytes];
   };
+  const std::size_t size = s.kernels->size;
   line mine{};
   std::size_t at = 0;
-  for (std::size_t k = 0; k < s.leaves.size(); ++k) {
-    std::copy(s.leaves[k], s.leaves[k] + s.sizes[k], mine.values + at);
-    at += s.sizes[k];
+  for (std::size_t k = 0; k < s.sizes.size(); ++k) {
+    std::memcpy(mine.data + at, s.kernels->leaf(s.leaves, k), s.sizes[k] * size);
+    at += s.sizes[k] * size;
   }
   const auto all = c.exchange(mine);
   const std::size_t n = all.size();
   if (n == 1) return;
   line acc = all[0];
-  for (std::size_t r = 1; r < n; ++r) detail::combine_into(op, acc.values, all[r].values, s.total);
-  if (op == ReduceOp::mean) detail::divide_all(acc.values, s.total, n);
+  for (std::size_t r = 1; r < n; ++r) s.kernels->combine(op, acc.data, all[r].data, s.total);
+  if (op == ReduceOp::mean) s.kernels->divide(acc.data, s.total, n);
   at = 0;
-  for (std::size_t k = 0; k < s.leaves.size(); ++k) {
-    std::copy(acc.values + at, acc.values + at + s.sizes[k], s.leaves[k]);
-    at += s.sizes[k];
+  for (std::size_t k = 0; k < s.sizes.size(); ++k) {
+    std::memcpy(s.kernels->leaf(s.leaves, k), acc.data + at, s.sizes[k] * size);
+    at += s.sizes[k] * size;
   }
 }
 
-template <class Rt, class E>
-void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) {
+template <class Rt>
+void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const untyped_leaves& s) {
   struct post {
-    E* const* leaves;
+    const void* leaves;
   };
-  const auto all = c.exchange(post{s.leaves.data()});
+  const auto all = c.exchange(post{s.leaves});
   const int n = c.num_replicas();
   if (n == 1) return;
-  constexpr std::size_t block = std::max<std::size_t>(1, block_bytes / sizeof(E));
-  alignas(64) E acc[block];
-  const auto [a, b] = detail::chunk_of<E>(0, s.total, c.self(), n);
+  const detail::element_kernels& e = *s.kernels;
+  const std::size_t block = std::max<std::size_t>(1, block_bytes / e.size);  // elements
+  alignas(64) unsigned char acc[block_bytes];
+  static_assert(block_bytes >= 16, "a block holds at least one element of every type");
+  const auto [a, b] = detail::chunk_of(0, s.total, c.self(), n, e.size);
   detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t) {
     for (std::size_t i = off; i < off + len; i += block) {
       const std::size_t m = std::min(block, off + len - i);
-      std::memcpy(acc, all[0].leaves[k] + i, m * sizeof(E));
-      for (int r = 1; r < n; ++r) detail::combine_into(op, acc, all[static_cast<std::size_t>(r)].leaves[k] + i, m);
-      if (op == ReduceOp::mean) detail::divide_all(acc, m, static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r) std::memcpy(all[static_cast<std::size_t>(r)].leaves[k] + i, acc, m * sizeof(E));
+      const auto at = [&](int r) { return e.leaf(all[static_cast<std::size_t>(r)].leaves, k) + i * e.size; };
+      std::memcpy(acc, at(0), m * e.size);
+      for (int r = 1; r < n; ++r) e.combine(op, acc, at(r), m);
+      if (op == ReduceOp::mean) e.divide(acc, m, static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) std::memcpy(at(r), acc, m * e.size);
     }
   });
   c.barrier();  // nobody returns (and reuses its buffer) before every slice is written back
@@ -120,15 +132,15 @@ void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const de
 static_assert(cross_device_ops<ChunkOwnerAllReduce, devices::Threads>);
 
 // Instantiated once, in libmirror_threads, for a separately compiled program (separate_compilation.hpp).
-#define MIRROR_DETAIL_CHUNK_OWNER_INSTANCES(KIND, E)                                               \
-  KIND void ChunkOwnerAllReduce::small<devices::Threads::runtime, E>(                              \
-      detail::collective<devices::Threads::runtime>&, ReduceOp,                                    \
-      const detail::segment_list<devices::Threads::runtime, E>&);                                  \
-  KIND void ChunkOwnerAllReduce::large<devices::Threads::runtime, E>(                              \
-      detail::collective<devices::Threads::runtime>&, ReduceOp,                                    \
-      const detail::segment_list<devices::Threads::runtime, E>&);
+#define MIRROR_DETAIL_CHUNK_OWNER_INSTANCES(KIND)                                                           \
+  KIND void ChunkOwnerAllReduce::small<ChunkOwnerAllReduce::scalar_bytes, devices::Threads::runtime>(       \
+      detail::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);                             \
+  KIND void ChunkOwnerAllReduce::small<ChunkOwnerAllReduce::latency_bytes, devices::Threads::runtime>(      \
+      detail::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);                             \
+  KIND void ChunkOwnerAllReduce::large<devices::Threads::runtime>(detail::collective<devices::Threads::runtime>&, \
+                                                                  ReduceOp, const untyped_leaves&);
 #if MIRROR_DETAIL_EXTERN_TEMPLATES
-MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_CHUNK_OWNER_INSTANCES, extern template)
+MIRROR_DETAIL_CHUNK_OWNER_INSTANCES(extern template)
 #endif
 
 }  // namespace mirror::ops

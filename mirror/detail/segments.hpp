@@ -5,7 +5,6 @@
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
-#include <mirror/detail/separate_compilation.hpp>
 #include <span>
 #include <utility>
 
@@ -34,11 +33,11 @@ void for_each_piece(std::span<const std::size_t> sizes, std::size_t begin, std::
   }
 }
 
-/// Part `r` of `parts` of the range [a, b), with boundaries on 64-byte multiples of E so that
-/// two replicas never write the same cache line.
-template <class E>
-std::pair<std::size_t, std::size_t> chunk_of(std::size_t a, std::size_t b, int r, int parts) noexcept {
-  constexpr std::size_t line = sizeof(E) >= 64 ? 1 : 64 / sizeof(E);
+/// Part `r` of `parts` of the range [a, b) of elements of `element_size` bytes, with boundaries
+/// on 64-byte multiples so that two replicas never write the same cache line.
+inline std::pair<std::size_t, std::size_t> chunk_of(std::size_t a, std::size_t b, int r, int parts,
+                                                    std::size_t element_size) noexcept {
+  const std::size_t line = element_size >= 64 ? 1 : 64 / element_size;
   const std::size_t n = b - a;
   std::size_t per = (n + static_cast<std::size_t>(parts) - 1) / static_cast<std::size_t>(parts);
   per = (per + line - 1) / line * line;
@@ -47,11 +46,10 @@ std::pair<std::size_t, std::size_t> chunk_of(std::size_t a, std::size_t b, int r
   return {lo, hi};
 }
 
-// Instantiated once, in libmirror_threads, for a separately compiled program (separate_compilation.hpp).
-#define MIRROR_DETAIL_SEGMENTS_INSTANCES(KIND, E) \
-  KIND std::pair<std::size_t, std::size_t> chunk_of<E>(std::size_t, std::size_t, int, int) noexcept;
-#if MIRROR_DETAIL_EXTERN_TEMPLATES
-MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_SEGMENTS_INSTANCES, extern template)
-#endif
+/// The same for elements of type E (the line a compile-time constant).
+template <class E>
+std::pair<std::size_t, std::size_t> chunk_of(std::size_t a, std::size_t b, int r, int parts) noexcept {
+  return chunk_of(a, b, r, parts, sizeof(E));
+}
 
 }  // namespace mirror::detail

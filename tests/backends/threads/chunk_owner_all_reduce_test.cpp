@@ -5,3 +5,41 @@
 #define CONFORMANCE_TAG "[threads][chunk_owner]"
 
 #include "conformance/all_reduce_suite.hpp"
+
+// The suite's element types are 4 and 8 bytes wide. The chunk-owner all-reduce moves bytes and
+// calls each type's arithmetic through detail::element_kernels, so the widths it does not cover
+// are checked here: 1 and 2 bytes (eight int8 fit the scalar path, 64 the one-line path) and
+// long double (16 bytes, 16-aligned: never the scalar path). Two leaves of different lengths,
+// so each leaf's byte offset in the packed line and in the chunks counts. Compared by value:
+// long double has padding bytes that a bitwise comparison would read.
+TEMPLATE_TEST_CASE("chunk owner: 1-, 2- and 16-byte elements equal a serial reference on every path",
+                   "[threads][chunk_owner]", std::int8_t, std::uint16_t, long double) {
+  using E = TestType;
+  using Nest = std::tuple<std::vector<E>, std::vector<E>>;
+  for (const int R : {2, 3, 7}) {
+    mirror::Strategy<mirror::devices::Threads, mirror::ops::ChunkOwnerAllReduce> s(
+        mirror::test::make_device<mirror::devices::Threads>(R));
+    // (first leaf, second leaf): a 2-byte scalar line, one cache line, several 8 KiB blocks.
+    const std::pair<std::size_t, std::size_t> shapes[] = {{1, 1}, {3, 1}, {2, 0}, {13, 7}, {5000, 3001}};
+    for (const auto [n1, n2] : shapes) {
+      for (const auto op : mirror::test::all_ops) {
+        CAPTURE(R, n1, n2, mirror::to_string(op));
+        const std::vector<E> expected = mirror::test::serial_reference<E>(op, R, n1 + n2);
+        std::vector<Nest> inputs;
+        for (int r = 0; r < R; ++r) {
+          const std::vector<E> v = mirror::test::input_vector<E>(op, r, n1 + n2);
+          inputs.emplace_back(std::vector<E>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n1)),
+                              std::vector<E>(v.begin() + static_cast<std::ptrdiff_t>(n1), v.end()));
+        }
+        std::atomic<int> wrong{0};
+        s.run([&](auto& ctx) {
+          const auto out = ctx.all_reduce(op, inputs[static_cast<std::size_t>(ctx.replica_id_in_sync_group())]);
+          std::vector<E> got = std::get<0>(*out);
+          got.insert(got.end(), std::get<1>(*out).begin(), std::get<1>(*out).end());
+          if (got != expected) ++wrong;
+        });
+        REQUIRE(wrong == 0);
+      }
+    }
+  }
+}

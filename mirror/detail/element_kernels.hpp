@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// An element type's reduction arithmetic as values (its size and two function pointers), so that
+// an algorithm written over bytes is compiled once for every element type instead of once per
+// type: only the arithmetic, which must see the type to vectorise, is instantiated per type.
+// ops::ChunkOwnerAllReduce runs on it (README, Performance: compile time).
+
+#include <cstddef>
+#include <mirror/reduce_op.hpp>
+#include <mirror/detail/element_ops.hpp>
+
+namespace mirror::detail {
+
+struct element_kernels {
+  std::size_t size;  // sizeof(E)
+  /// combine_into<E> over n elements at byte addresses aligned for E.
+  void (*combine)(ReduceOp op, void* dst, const void* src, std::size_t n) noexcept;
+  /// divide_all<E> over n elements.
+  void (*divide)(void* p, std::size_t n, std::size_t count) noexcept;
+  /// The k-th of an array of E* (an array that another replica published: read as E*, which it
+  /// is, not through a differently typed pointer).
+  unsigned char* (*leaf)(const void* leaves, std::size_t k) noexcept;
+};
+
+template <class E>
+struct element_kernels_of {
+  static void combine(ReduceOp op, void* dst, const void* src, std::size_t n) noexcept {
+    combine_into(op, static_cast<E*>(dst), static_cast<const E*>(src), n);
+  }
+  static void divide(void* p, std::size_t n, std::size_t count) noexcept {
+    divide_all(static_cast<E*>(p), n, count);
+  }
+  static unsigned char* leaf(const void* leaves, std::size_t k) noexcept {
+    return reinterpret_cast<unsigned char*>(static_cast<E* const*>(leaves)[k]);
+  }
+  static constexpr element_kernels value{sizeof(E), &combine, &divide, &leaf};
+};
+
+}  // namespace mirror::detail
