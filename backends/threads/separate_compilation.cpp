@@ -17,7 +17,6 @@ namespace mirror::detail {
 const int link_libmirror_threads_for_MIRROR_SEPARATE_COMPILATION = 1;
 
 MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_ELEMENT_OPS_INSTANCES, template)
-MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_HOST_REDUCE_INSTANCES, template)
 }  // namespace mirror::detail
 
 namespace mirror::ops {

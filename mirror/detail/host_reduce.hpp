@@ -4,12 +4,14 @@
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <typeinfo>
 #include <vector>
 #include <mirror/axis.hpp>
+#include <mirror/detail/element_kernels.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/nest_walk.hpp>
@@ -64,21 +66,10 @@ void check_component_shapes(std::span<const T> components, const char* api) {
   }
 }
 
-/// out[i] = c_0[i] op c_1[i] op ... op c_{R-1}[i] (then / R for mean), for i in [begin, end).
-/// `in` holds the n components' `const E*` data pointers (as `const void*`: one vector type for
-/// every element type).
-template <class E>
-void reduce_range(ReduceOp op, E* out, const void* const* in, std::size_t n, std::size_t begin, std::size_t end) {
-  const auto component = [&](std::size_t r) { return static_cast<const E*>(in[r]) + begin; };
-  std::copy(component(0), component(0) + (end - begin), out + begin);
-  for (std::size_t r = 1; r < n; ++r) combine_into(op, out + begin, component(r), end - begin);
-  if (op == ReduceOp::mean) divide_all(out + begin, end - begin, n);
-}
-
 /// How reduce_components spreads its work: `run(self, bytes, body, arg)` calls body(arg, part,
 /// parts) for every part it chooses (Strategy: over its threads for large leaves; serial_parallel:
 /// once, on the calling thread). Function pointers, not a template parameter, so that the
-/// per-leaf code below is instantiated per element type only, not per nest and caller.
+/// per-leaf code below is compiled once, not per nest and caller.
 struct parallel_ref {
   void* self;
   void (*run)(void* self, std::size_t bytes, void (*body)(void*, int, int), void* arg);
@@ -88,30 +79,37 @@ inline parallel_ref serial_parallel() noexcept {
 }
 
 /// dst[i] = in[0][i] op ... op in[n-1][i] for i < size (then / n for mean), split by `parallel`.
-template <class E>
-void reduce_leaf(ReduceOp op, E* dst, std::size_t size, const void* const* in, std::size_t n, parallel_ref parallel) {
+/// `dst` and `in` hold elements of the type `e` describes: one function for every element type
+/// (only the arithmetic is compiled per type, as in ops::ChunkOwnerAllReduce).
+MIRROR_DETAIL_INLINE void reduce_leaf(ReduceOp op, void* dst, std::size_t size, const void* const* in,
+                                      std::size_t n, parallel_ref parallel, const element_kernels& e);
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE void reduce_leaf(ReduceOp op, void* dst, std::size_t size, const void* const* in,
+                                      std::size_t n, parallel_ref parallel, const element_kernels& e) {
   struct job {
     ReduceOp op;
-    E* dst;
+    unsigned char* dst;
     std::size_t size;
     const void* const* in;
     std::size_t n;
-  } j{op, dst, size, in, n};
+    const element_kernels* e;
+  } j{op, static_cast<unsigned char*>(dst), size, in, n, &e};
   parallel.run(
-      parallel.self, size * n * sizeof(E),
+      parallel.self, size * n * e.size,
       [](void* p, int part, int parts) {
         const job& w = *static_cast<const job*>(p);
-        const auto [a, b] = chunk_of<E>(0, w.size, part, parts);
-        if (a < b) reduce_range(w.op, w.dst, w.in, w.n, a, b);
+        const std::size_t bytes = w.e->size;
+        const auto [a, b] = chunk_of(0, w.size, part, parts, bytes);
+        if (a >= b) return;
+        const auto component = [&](std::size_t r) { return static_cast<const unsigned char*>(w.in[r]) + a * bytes; };
+        unsigned char* const out = w.dst + a * bytes;
+        std::memmove(out, component(0), (b - a) * bytes);
+        for (std::size_t r = 1; r < w.n; ++r) w.e->combine(w.op, out, component(r), b - a);
+        if (w.op == ReduceOp::mean) w.e->divide(out, b - a, w.n);
       },
       &j);
 }
-// Instantiated once, in libmirror_threads, for a separately compiled program (separate_compilation.hpp).
-#define MIRROR_DETAIL_HOST_REDUCE_INSTANCES(KIND, E)                                                  \
-  KIND void reduce_range<E>(ReduceOp, E*, const void* const*, std::size_t, std::size_t, std::size_t); \
-  KIND void reduce_leaf<E>(ReduceOp, E*, std::size_t, const void* const*, std::size_t, parallel_ref);
-#if MIRROR_DETAIL_EXTERN_TEMPLATES
-MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_HOST_REDUCE_INSTANCES, extern template)
 #endif
 
 /// out = the element-wise reduction of the components (out starts as a copy of component 0).
@@ -137,7 +135,7 @@ void reduce_components(ReduceOp op, std::span<const T> components, T& out, paral
         using E = leaf_element_t<L>;
         require_host_element<E>();
         const std::span<E> dst = leaf_traits<L>::elements(o);
-        reduce_leaf(op, dst.data(), dst.size(), inputs.data() + k * n, n, parallel);
+        reduce_leaf(op, dst.data(), dst.size(), inputs.data() + k * n, n, parallel, element_kernels_of<E>::value);
         ++k;
       },
       out);

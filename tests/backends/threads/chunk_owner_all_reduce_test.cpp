@@ -21,7 +21,7 @@ TEMPLATE_TEST_CASE("chunk owner: 1-, 2- and 16-byte elements equal a serial refe
         mirror::test::make_device<mirror::devices::Threads>(R));
     // (first leaf, second leaf): a 2-byte scalar line, one cache line, several 8 KiB blocks.
     const std::pair<std::size_t, std::size_t> shapes[] = {{1, 1}, {3, 1}, {2, 0}, {13, 7}, {5000, 3001}};
-    for (const auto [n1, n2] : shapes) {
+    for (const auto& [n1, n2] : shapes) {
       for (const auto op : mirror::test::all_ops) {
         CAPTURE(R, n1, n2, mirror::to_string(op));
         const std::vector<E> expected = mirror::test::serial_reference<E>(op, R, n1 + n2);
