@@ -86,7 +86,9 @@ void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const un
   const std::size_t size = s.kernels->size;
   line mine{};
   std::size_t at = 0;
+  // (An empty leaf may have no address at all: memcpy must not see it.)
   for (std::size_t k = 0; k < s.sizes.size(); ++k) {
+    if (s.sizes[k] == 0) continue;
     std::memcpy(mine.data + at, s.kernels->leaf(s.leaves, k), s.sizes[k] * size);
     at += s.sizes[k] * size;
   }
@@ -98,6 +100,7 @@ void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const un
   if (op == ReduceOp::mean) s.kernels->divide(acc.data, s.total, n);
   at = 0;
   for (std::size_t k = 0; k < s.sizes.size(); ++k) {
+    if (s.sizes[k] == 0) continue;
     std::memcpy(s.kernels->leaf(s.leaves, k), acc.data + at, s.sizes[k] * size);
     at += s.sizes[k] * size;
   }
