@@ -44,7 +44,7 @@ struct ChunkOwnerAllReduce {
     static_assert(Rt::host_addressable,
                   "mirror::ops::ChunkOwnerAllReduce needs a device whose replicas share host memory "
                   "(devices::Threads); on other devices use ops::ReductionToOneDevice or ops::HierarchicalCopy");
-    static_assert(std::is_same_v<typename Rt::template pointer<E>, E*>);
+    static_assert(std::is_same_v<typename Rt::template pointer<E>, E*>, "leaves are read through plain pointers");
     // One copy of the algorithm for every element type: it moves bytes, and calls the type's
     // arithmetic through element_kernels (per type, only combine_into and divide_all are
     // compiled). Before, each element type compiled its own small and large paths: in a program
@@ -135,13 +135,13 @@ void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const un
 static_assert(cross_device_ops<ChunkOwnerAllReduce, devices::Threads>);
 
 // Instantiated once, in libmirror_threads, for a separately compiled program (separate_compilation.hpp).
-#define MIRROR_DETAIL_CHUNK_OWNER_INSTANCES(KIND)                                                           \
-  KIND void ChunkOwnerAllReduce::small<ChunkOwnerAllReduce::scalar_bytes, devices::Threads::runtime>(       \
-      detail::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);                             \
-  KIND void ChunkOwnerAllReduce::small<ChunkOwnerAllReduce::latency_bytes, devices::Threads::runtime>(      \
-      detail::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);                             \
-  KIND void ChunkOwnerAllReduce::large<devices::Threads::runtime>(detail::collective<devices::Threads::runtime>&, \
-                                                                  ReduceOp, const untyped_leaves&);
+#define MIRROR_DETAIL_CHUNK_OWNER_INSTANCES(KIND)                                                \
+  KIND void ChunkOwnerAllReduce::small<ChunkOwnerAllReduce::scalar_bytes, devices::Threads::runtime>( \
+      detail::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);          \
+  KIND void ChunkOwnerAllReduce::small<ChunkOwnerAllReduce::latency_bytes, devices::Threads::runtime>( \
+      detail::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);          \
+  KIND void ChunkOwnerAllReduce::large<devices::Threads::runtime>(                               \
+      detail::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);
 #if MIRROR_DETAIL_EXTERN_TEMPLATES
 MIRROR_DETAIL_CHUNK_OWNER_INSTANCES(extern template)
 #endif

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// An element type's reduction arithmetic as values (its size and two function pointers), so that
-// an algorithm written over bytes is compiled once for every element type instead of once per
-// type: only the arithmetic, which must see the type to vectorise, is instantiated per type.
-// ops::ChunkOwnerAllReduce runs on it (README, Performance: compile time).
+// An element type's reduction arithmetic as values (its size and three function pointers), so
+// that an algorithm written over bytes is compiled once for every element type instead of once
+// per type: only the arithmetic, which must see the type to vectorise, is instantiated per type.
+// ops::ChunkOwnerAllReduce and Strategy::reduce's per-leaf work (detail::reduce_leaf) run on it
+// (README, Performance: compile time).
 
 #include <cstddef>
 #include <mirror/reduce_op.hpp>

@@ -6,8 +6,9 @@
 // compiles the parts of mirror that do not depend on its own types once, in that library,
 // instead of in every translation unit: the thread pool of devices::Threads, the default
 // all-reduce and Strategy::reduce's per-leaf work (one copy each, for every element type), the
-// arithmetic kernels for every arithmetic element type, and the builders of error messages. They are half of what a translation unit that uses run, reduce and
-// all_reduce costs to compile at -O2 (README, Performance). The same technique as Boost.Asio's
+// arithmetic kernels for every arithmetic element type, and the builders of error messages.
+// They are half of what a translation unit that uses run, reduce and all_reduce costs to
+// compile at -O2 (README, Performance). The same technique as Boost.Asio's
 // BOOST_ASIO_SEPARATE_COMPILATION and spdlog's compiled mode.
 //
 // Headers use three macros from here:
