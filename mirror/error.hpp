@@ -17,6 +17,8 @@ namespace mirror {
 class error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  /// From a message mirror formatted (detail::format).
+  explicit error(const detail::message& what) : std::runtime_error(what.c_str()) {}
 };
 
 /// Replicas disagree on what they reduce: different leaf sizes, different nests, or different
@@ -37,8 +39,9 @@ class aggregation_error : public error {
 /// the nested exception (`std::rethrow_if_nested(e)`); `replica()` says where it was thrown.
 class replica_error : public error, public std::nested_exception {
  public:
-  replica_error(int replica, const std::string& what)
-      : error(detail::format("mirror: replica %d threw: ", replica).append(what)), replica_(replica) {}
+  replica_error(int replica, const char* what)
+      : error(detail::format("mirror: replica %d threw: %s", replica, what)), replica_(replica) {}
+  replica_error(int replica, const std::string& what) : replica_error(replica, what.c_str()) {}
   /// The replica id (`replica_id_in_sync_group`) whose `fn` threw.
   int replica() const noexcept { return replica_; }
 
@@ -52,6 +55,8 @@ class timeout_error : public error {
  public:
   timeout_error(std::string what, std::vector<int> missing)
       : error(std::move(what)), missing_(std::move(missing)) {}
+  timeout_error(const detail::message& what, std::vector<int> missing)
+      : error(what), missing_(std::move(missing)) {}
   /// Replica ids that never arrived, in increasing order.
   const std::vector<int>& missing() const noexcept { return missing_; }
 
@@ -63,6 +68,7 @@ class timeout_error : public error {
 class backend_error : public error {
  public:
   backend_error(std::string what, long code) : error(std::move(what)), code_(code) {}
+  backend_error(const detail::message& what, long code) : error(what), code_(code) {}
   /// The vendor's error code (`cudaError_t`, `ncclResult_t`, MPI error class).
   long code() const noexcept { return code_; }
 

@@ -96,7 +96,8 @@ class ReplicaContext {
     if (from < 0 || from >= num_replicas_in_sync()) {
       throw std::invalid_argument(detail::format("mirror::ReplicaContext::broadcast(value, from = %d) on replica %d: "
                                                  "from must be a replica id in 0..%d",
-                                                 from, self_, num_replicas_in_sync() - 1));
+                                                 from, self_, num_replicas_in_sync() - 1)
+                                      .c_str());
     }
     N result(std::forward<T>(value));
     if constexpr (Strategy::multi_worker) {
@@ -208,19 +209,20 @@ class ReplicaContext {
     return v;
   }
 
+  // The leaves' types, for a shape error's message: a constant table (an initialised static
+  // local cost a guard and a lambda per nest type).
+  template <class L>
+  struct type_table;
+  template <class... Ls>
+  struct type_table<detail::type_list<Ls...>> {
+    static constexpr const std::type_info* value[] = {&typeid(Ls)..., nullptr};
+  };
+
   template <class N, std::size_t K>
   detail::collective_header make_header(detail::collective_kind kind, int param,
                                         const std::array<std::size_t, K>& sizes) {
-    static const auto names = [] {
-      std::array<const char*, K> out{};
-      if constexpr (K > 0) {
-        std::size_t i = 0;
-        [&]<class... Ls>(detail::type_list<Ls...>) { ((out[i++] = typeid(Ls).name()), ...); }(
-            detail::leaf_types_t<N>{});
-      }
-      return out;
-    }();
-    return {kind, param, ++sequence_, &typeid(N), K, detail::shape_hash(sizes.data(), K), sizes.data(), names.data()};
+    return {kind,       param, ++sequence_, &typeid(N), K, detail::shape_hash(sizes.data(), K), sizes.data(),
+            type_table<detail::leaf_types_t<N>>::value};
   }
 
   Strategy* strategy_;

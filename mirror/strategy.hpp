@@ -431,7 +431,7 @@ class Strategy {
   auto distribute_dataset(R&& global_batches, InputOptions options = {}) {
     if (options.prefetch < 0) {
       throw std::invalid_argument(
-          detail::format("mirror::InputOptions{.prefetch = %d}: prefetch must be >= 0", options.prefetch));
+          detail::format("mirror::InputOptions{.prefetch = %d}: prefetch must be >= 0", options.prefetch).c_str());
     }
     using V = std::views::all_t<R>;
     detail::worker_group* g = nullptr;

@@ -3,14 +3,18 @@
 // Spin-then-park waiting. A waiter spins briefly (a collective's partners are usually a few
 // hundred nanoseconds away), then yields, then sleeps on a condition variable, so more replicas
 // than cores still make progress and an idle pool burns no CPU.
+//
+// Written on POSIX threads and clock_gettime rather than <mutex>, <condition_variable> and
+// <chrono>: the same calls underneath, without the templates around them, which every
+// header-only translation unit compiled (std::chrono's duration arithmetic alone was 80
+// functions there; README, Performance: compile time).
 
 #include <atomic>
-#include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
-#include <condition_variable>
+#include <cerrno>
 #include <cstdint>
-#include <mutex>
-#include <optional>
-#include <thread>
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
 
 namespace mirror::threads {
 
@@ -22,6 +26,13 @@ inline void cpu_relax() noexcept {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (what std::chrono::steady_clock::now() reads on Linux).
+inline std::int64_t monotonic_ns() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
 /// A seq_cst fence. ThreadSanitizer does not model fences (GCC 12 warns, -Wtsan); the pool
@@ -43,22 +54,42 @@ inline void seq_cst_fence() noexcept {
 /// spin. Cache-line aligned, so that neighbouring lots and counters do not share lines with it.
 class alignas(64) parking_lot {
  public:
-  /// How long a waiter spins, then how many times it yields, before it parks. The spin is
-  /// bounded in time, not in pause instructions: `pause` costs 3 to 140 cycles depending on the
-  /// CPU, so a count tuned on one machine is 40x off on another.
+  parking_lot() noexcept {
+    // Timed waits count on the monotonic clock: a change of the wall clock must not end a
+    // collective's timeout early or stretch it.
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&cv_, &attr);
+    pthread_condattr_destroy(&attr);
+  }
+  parking_lot(const parking_lot&) = delete;
+  parking_lot& operator=(const parking_lot&) = delete;
+  ~parking_lot() {
+    pthread_cond_destroy(&cv_);
+    pthread_mutex_destroy(&mutex_);
+  }
+
+  /// `wait`'s timeout for a wait that only its condition ends.
+  static constexpr std::int64_t forever = -1;
+
+  /// How long a waiter spins (nanoseconds), then how many times it yields, before it parks. The
+  /// spin is bounded in time, not in pause instructions: `pause` costs 3 to 140 cycles depending
+  /// on the CPU, so a count tuned on one machine is 40x off on another.
   /// Safe while threads wait (each wait reads both once, as it starts).
-  void configure(std::chrono::nanoseconds spin, int yields) noexcept {
-    spin_ns_.store(spin.count(), std::memory_order_relaxed);
+  void configure(std::int64_t spin_ns, int yields) noexcept {
+    spin_ns_.store(spin_ns, std::memory_order_relaxed);
     yields_.store(yields, std::memory_order_relaxed);
   }
 
-  /// Waits until the condition holds, or `timeout` (counted from when the waiter parks) passes;
-  /// then returns false. While spinning and yielding only the cheap `spin_ready()` is polled (so
-  /// a spinner keeps no line that other threads write in shared state); `ready()`, which must
-  /// include every condition a waker signals and read it with seq_cst loads (wake()'s rule),
-  /// decides once the waiter parks.
+  /// Waits until the condition holds, or `timeout_ns` (counted from when the waiter parks; or
+  /// `forever`) passes; then returns false. While spinning and yielding only the cheap
+  /// `spin_ready()` is polled (so a spinner keeps no line that other threads write in shared
+  /// state); `ready()`, which must include every condition a waker signals and read it with
+  /// seq_cst loads (wake()'s rule), decides once the waiter parks. Neither may throw (the lot's
+  /// mutex is held around `ready()`).
   template <class SpinReady, class Ready>
-  bool wait(SpinReady&& spin_ready, Ready&& ready, std::optional<std::chrono::nanoseconds> timeout) {
+  bool wait(SpinReady&& spin_ready, Ready&& ready, std::int64_t timeout_ns) {
     const std::int64_t spin_ns = spin_ns_.load(std::memory_order_relaxed);
     const int yields = yields_.load(std::memory_order_relaxed);
     if (spin_ns > 0) {
@@ -70,29 +101,33 @@ class alignas(64) parking_lot {
       // The clock is first read after a round of polls, and the spin counted from there:
       // reading it costs 20-30 ns under KVM, about a cache-line hand-off, and a partner on its
       // own core is often that close.
-      std::optional<std::chrono::steady_clock::time_point> start;
+      std::int64_t start = -1;
       for (;;) {
         for (int i = 0; i < 16; ++i) {
           if (spin_ready()) return true;
           cpu_relax();
         }
-        const auto now = std::chrono::steady_clock::now();
-        if (!start) {
+        const std::int64_t now = monotonic_ns();
+        if (start < 0) {
           start = now;
           continue;
         }
-        const std::int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(now - *start).count();
+        const std::int64_t spent = now - start;
         if (spent >= spin_ns) break;
-        if (spent >= pure_ns) std::this_thread::yield();
+        if (spent >= pure_ns) sched_yield();
       }
     }
     for (int i = 0; i < yields; ++i) {
       if (spin_ready()) return true;
-      std::this_thread::yield();
+      sched_yield();
     }
-    std::optional<std::chrono::steady_clock::time_point> deadline;
-    if (timeout) deadline = std::chrono::steady_clock::now() + *timeout;
-    std::unique_lock lock(mutex_);
+    timespec deadline{};
+    if (timeout_ns != forever) {
+      const std::int64_t at = monotonic_ns() + timeout_ns;
+      deadline.tv_sec = static_cast<time_t>(at / 1'000'000'000);
+      deadline.tv_nsec = static_cast<long>(at % 1'000'000'000);
+    }
+    pthread_mutex_lock(&mutex_);
     // The rule wake() states: this increment, the waker's state change (or its fence), its read
     // of sleepers_ and ready()'s reads are all seq_cst, so they fall in one total order. Either
     // the waker's read comes after this increment (and it notifies, under the mutex this thread
@@ -101,14 +136,15 @@ class alignas(64) parking_lot {
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     bool ok = true;
     while (!ready()) {
-      if (!deadline) {
-        cv_.wait(lock);
-      } else if (cv_.wait_until(lock, *deadline) == std::cv_status::timeout && !ready()) {
+      if (timeout_ns == forever) {
+        pthread_cond_wait(&cv_, &mutex_);
+      } else if (pthread_cond_timedwait(&cv_, &mutex_, &deadline) == ETIMEDOUT && !ready()) {
         ok = false;
         break;
       }
     }
     sleepers_.fetch_sub(1, std::memory_order_release);
+    pthread_mutex_unlock(&mutex_);
     return ok;
   }
 
@@ -119,8 +155,11 @@ class alignas(64) parking_lot {
   /// path (a read-modify-write here cost one per wake-up, on every fork, barrier and join).
   void wake() {
     if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
-    { std::lock_guard lock(mutex_); }  // a sleeper is inside wait(), or has not yet tested ready()
-    cv_.notify_all();
+    // A sleeper is inside wait(), or has not yet tested ready(): once this thread has held the
+    // mutex, it is asleep on the condition variable, or will see the change.
+    pthread_mutex_lock(&mutex_);
+    pthread_mutex_unlock(&mutex_);
+    pthread_cond_broadcast(&cv_);
   }
 
  private:
@@ -129,8 +168,8 @@ class alignas(64) parking_lot {
   std::atomic<int> sleepers_{0};
   std::atomic<int> yields_{4};
   std::atomic<std::int64_t> spin_ns_{50'000};
-  alignas(64) std::mutex mutex_;
-  std::condition_variable cv_;
+  alignas(64) pthread_mutex_t mutex_ = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv_;
 };
 
 }  // namespace mirror::threads

@@ -8,13 +8,14 @@
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <atomic>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <new>
+#include <pthread.h>
 #include <span>
 #include <stdexcept>
-#include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 #include <backends/threads/parking_lot.hpp>
@@ -125,11 +126,12 @@ class runtime {
     const std::size_t bytes = std::max<std::size_t>(n * sizeof(E), 64);
     me.scratch_peak = std::max(me.scratch_peak, bytes);
     if (bytes > me.scratch_bytes) {
-      me.scratch.reset(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64})));
+      free_scratch(me);
+      me.scratch = static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64}));
       me.scratch_bytes = bytes;
       ++me.scratch_allocations;
     }
-    return reinterpret_cast<E*>(me.scratch.get());
+    return reinterpret_cast<E*>(me.scratch);
   }
 
   /// Room for a small value that replica `r` hands back from a parallel call: `result_bytes`,
@@ -177,9 +179,6 @@ class runtime {
   // Waking parked threads costs a read of a line nobody writes while nobody parks
   // (parking_lot::wake), so the spinning fast path pays nothing for it.
 
-  struct aligned_delete {
-    void operator()(std::byte* p) const noexcept { ::operator delete(p, std::align_val_t{64}); }
-  };
   struct alignas(64) per_replica {
     // Line 0: what the caller reads when the replica finished.
     std::atomic<std::uint64_t> finished{0};  // epoch of the last parallel call whose f returned
@@ -187,11 +186,14 @@ class runtime {
     // caller reads it after the join (to number the next call's arrivals above these).
     std::uint64_t calls = 0;
     alignas(16) unsigned char result[result_bytes];  // result_area()
-    // Line 1: the replica's scratch, touched by others only between calls.
-    std::unique_ptr<std::byte, aligned_delete> scratch;
+    // Line 1: the replica's scratch, touched by others only between calls; and what its worker
+    // thread reads once, as it starts.
+    std::byte* scratch = nullptr;  // ::operator new(scratch_bytes, align 64); free_scratch()
     std::size_t scratch_bytes = 0;
     std::size_t scratch_peak = 0;  // the largest request since the last trim (trim_scratch)
     std::uint64_t scratch_allocations = 0;
+    runtime* owner = nullptr;
+    int index = 0;
   };
   struct alignas(16) slot_payload {
     unsigned char bytes[max_exchange_bytes];
@@ -226,7 +228,7 @@ class runtime {
   }
 
   slot* row_of(std::uint64_t call) const noexcept {
-    return slots_.get() + (call & 1u) * static_cast<std::size_t>(n_);
+    return slots_ + (call & 1u) * static_cast<std::size_t>(n_);
   }
 
   // The part of parallel() that does not depend on f (the spin-then-park wait for the workers
@@ -245,6 +247,10 @@ class runtime {
   }
 
   void work(int r);
+  static void* worker_main(void* replica) noexcept;
+  // Tells workers 1..created to stop, joins them and frees what the constructor allocated.
+  void shut_down(int created) noexcept;
+  static void free_scratch(per_replica& me) noexcept;
 
   // Scratch grows to the largest request and is kept, so a training loop's collectives allocate
   // once. Every `trim_period` parallel calls, a replica whose largest request in that window
@@ -265,21 +271,23 @@ class runtime {
   // that caught the error inside fn and went on would leave its arrival in a slot that a late
   // replica then takes for this collective's, and the two would pair different collectives.
   // The message is built out of line: arrive() is on every collective's path.
-  [[noreturn]] void throw_timeout(int self, bool woke, std::vector<int> missing);
+  [[noreturn]] void throw_timeout(int self, bool woke, std::uint64_t number, std::uint64_t epoch);
   // What an exchange/barrier of a cancelled call throws.
   [[noreturn]] void throw_cancelled() const;
 
   inline static thread_local const runtime* current = nullptr;
 
   const int n_;
-  const std::chrono::milliseconds timeout_;
+  const std::int64_t timeout_ns_;  // a collective's wait for the others (devices::Threads{.timeout})
   // Separate lots, so that an event wakes only the threads waiting for it: idle workers (a new
   // job), the caller (all done), replicas in a barrier (it opened, was cancelled, or a replica
   // finished without reaching it).
   parking_lot job_lot_, done_lot_, barrier_lot_;
-  std::unique_ptr<per_replica[]> replica_;
-  std::unique_ptr<slot[]> slots_;
-  std::unique_ptr<std::thread[]> workers_;  // replicas 1..n-1 (an array: no vector growth code per TU)
+  // Arrays owned here, not by std::unique_ptr or std::thread: each such template brought a
+  // dozen functions that every header-only translation unit compiled.
+  per_replica* replica_ = nullptr;  // n_
+  slot* slots_ = nullptr;           // 2 rows of n_
+  pthread_t* workers_ = nullptr;    // replicas 1..n-1
 
   job_line job_;
   // Read by every arrival, written only by cancel() and the next call's start: its own line.
@@ -298,27 +306,70 @@ class runtime {
 // (mirror/detail/separate_compilation.hpp).
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
 MIRROR_DETAIL_INLINE runtime::runtime(int replicas, std::chrono::milliseconds timeout)
-    : n_(replicas), timeout_(timeout) {
+    // (In nanoseconds, capped at a century so that a deadline never overflows.)
+    : n_(replicas), timeout_ns_(std::min<std::int64_t>(timeout.count(), 3'155'760'000'000) * 1'000'000) {
   if (replicas < 1) {
-    throw std::invalid_argument(detail::format(
-        "mirror::devices::Threads{.replicas = %d}: replicas must be >= 1 (it may exceed the number of cores)",
-        replicas));
+    throw std::invalid_argument(
+        detail::format(
+            "mirror::devices::Threads{.replicas = %d}: replicas must be >= 1 (it may exceed the number of cores)",
+            replicas)
+            .c_str());
   }
   if (timeout.count() <= 0) {
     throw std::invalid_argument("mirror::devices::Threads{.timeout}: the collective timeout must be positive");
   }
   limit_cores(usable_cores());
-  replica_ = std::make_unique<per_replica[]>(static_cast<std::size_t>(n_));
-  slots_ = std::make_unique<slot[]>(2 * static_cast<std::size_t>(n_));
-  workers_ = std::make_unique<std::thread[]>(static_cast<std::size_t>(n_ - 1));
-  for (int r = 1; r < n_; ++r) workers_[static_cast<std::size_t>(r - 1)] = std::thread([this, r] { work(r); });
+  try {
+    replica_ = new per_replica[static_cast<std::size_t>(n_)];
+    slots_ = new slot[2 * static_cast<std::size_t>(n_)];
+    workers_ = new pthread_t[static_cast<std::size_t>(n_ - 1)];
+  } catch (...) {
+    shut_down(0);
+    throw;
+  }
+  for (int r = 0; r < n_; ++r) {
+    replica_[static_cast<std::size_t>(r)].owner = this;
+    replica_[static_cast<std::size_t>(r)].index = r;
+  }
+  for (int r = 1; r < n_; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    const int failed = pthread_create(&workers_[i - 1], nullptr, &worker_main, &replica_[i]);
+    if (failed != 0) {
+      shut_down(r - 1);
+      throw backend_error(detail::format("mirror::devices::Threads{.replicas = %d}: cannot start the thread of "
+                                         "replica %d (pthread_create: %s); lower .replicas or raise the "
+                                         "process's thread limit (ulimit -u)",
+                                         replicas, r, std::strerror(failed)),
+                          failed);
+    }
+  }
 }
 
-MIRROR_DETAIL_INLINE runtime::~runtime() {
+MIRROR_DETAIL_INLINE runtime::~runtime() { shut_down(n_ - 1); }
+
+MIRROR_DETAIL_INLINE void runtime::shut_down(int created) noexcept {
   job_.run = nullptr;
   job_.seq.store(job_.seq.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
   job_lot_.wake();
-  for (int r = 1; r < n_; ++r) workers_[static_cast<std::size_t>(r - 1)].join();
+  for (int r = 1; r <= created; ++r) pthread_join(workers_[static_cast<std::size_t>(r - 1)], nullptr);
+  if (replica_ != nullptr) {
+    for (int r = 0; r < n_; ++r) free_scratch(replica_[static_cast<std::size_t>(r)]);
+  }
+  delete[] workers_;
+  delete[] slots_;
+  delete[] replica_;
+}
+
+MIRROR_DETAIL_INLINE void* runtime::worker_main(void* replica) noexcept {
+  const per_replica& me = *static_cast<const per_replica*>(replica);
+  me.owner->work(me.index);
+  return nullptr;
+}
+
+MIRROR_DETAIL_INLINE void runtime::free_scratch(per_replica& me) noexcept {
+  ::operator delete(me.scratch, std::align_val_t{64});
+  me.scratch = nullptr;
+  me.scratch_bytes = 0;
 }
 
 MIRROR_DETAIL_INLINE void runtime::limit_cores(unsigned cores) noexcept {
@@ -332,9 +383,9 @@ MIRROR_DETAIL_INLINE void runtime::limit_cores(unsigned cores) noexcept {
   // alternated rounds). The pool parks after it, so an idle pool burns nothing.
   for (parking_lot* lot : {&job_lot_, &done_lot_, &barrier_lot_}) {
     if (static_cast<unsigned>(n_) <= cores) {
-      lot->configure(std::chrono::milliseconds(1), 8);
+      lot->configure(1'000'000, 8);  // 1 ms
     } else {
-      lot->configure(std::chrono::microseconds(1), 2);
+      lot->configure(1'000, 2);  // 1 us
     }
   }
 }
@@ -373,7 +424,7 @@ MIRROR_DETAIL_INLINE void runtime::run_job(void (*job)(const void*, int) noexcep
   run_one(0);
   int next = 1;  // workers below it are known to have finished
   done_lot_.wait([&] { return workers_finished(epoch, next, std::memory_order_acquire); },
-                 [&] { return workers_finished(epoch, next, std::memory_order_seq_cst); }, std::nullopt);
+                 [&] { return workers_finished(epoch, next, std::memory_order_seq_cst); }, parking_lot::forever);
   // The next call numbers its arrivals above every number this one used, so no slot still
   // holding one of them (a call that ended in an error leaves half-filled barriers) can match.
   std::uint64_t most = 0;
@@ -404,7 +455,7 @@ MIRROR_DETAIL_INLINE void runtime::work(int r) {
   std::uint64_t seen = 0;
   for (;;) {
     job_lot_.wait([&] { return job_.seq.load(std::memory_order_acquire) != seen; },
-                  [&] { return job_.seq.load(std::memory_order_seq_cst) != seen; }, std::nullopt);
+                  [&] { return job_.seq.load(std::memory_order_seq_cst) != seen; }, parking_lot::forever);
     seen = job_.seq.load(std::memory_order_acquire);
     if (job_.run == nullptr) return;
     run_one(r);
@@ -416,10 +467,7 @@ MIRROR_DETAIL_INLINE void runtime::trim_scratch() noexcept {
   calls_since_trim_ = 0;
   for (int r = 0; r < n_; ++r) {
     per_replica& me = replica_[static_cast<std::size_t>(r)];
-    if (me.scratch_peak < me.scratch_bytes / 4) {
-      me.scratch.reset();
-      me.scratch_bytes = 0;
-    }
+    if (me.scratch_peak < me.scratch_bytes / 4) free_scratch(me);
     me.scratch_peak = 0;
   }
 }
@@ -464,31 +512,43 @@ MIRROR_DETAIL_INLINE void runtime::arrive(int self) {
         return all_arrived(std::memory_order_seq_cst) || cancelled_.load(std::memory_order_seq_cst) ||
                some_finished();
       },
-      std::chrono::nanoseconds(timeout_));
+      timeout_ns_);
   // Arrivals first: a replica finishes only after every barrier it reached has opened.
   if (all_arrived(std::memory_order_acquire)) return;
   if (cancelled_.load(std::memory_order_acquire)) throw_cancelled();
-  std::vector<int> missing;
-  for (int r = 0; r < n_; ++r) {
-    if (row[r].arrived.load(std::memory_order_acquire) != number &&
-        (!woke || replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_acquire) == epoch)) {
-      missing.push_back(r);
-    }
-  }
-  throw_timeout(self, woke, std::move(missing));
+  throw_timeout(self, woke, number, epoch);
 }
 
-MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::vector<int> missing) {
-  std::string names;
-  for (int r : missing) names += detail::format(names.empty() ? "%d" : ", %d", r);
+MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint64_t number, std::uint64_t epoch) {
+  // Missing: not arrived at this collective, and (when a finished replica woke the wait) gone
+  // from fn.
   const per_replica& me = replica_[static_cast<std::size_t>(self)];
+  const slot* const row = row_of(me.calls);
+  const auto is_missing = [&](int r) {
+    return row[r].arrived.load(std::memory_order_acquire) != number &&
+           (!woke || replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_acquire) == epoch);
+  };
+  std::vector<int> missing(static_cast<std::size_t>(n_));
+  std::size_t count = 0;
+  for (int r = 0; r < n_; ++r) {
+    if (is_missing(r)) missing[count++] = r;
+  }
+  missing.resize(count);
+  // "0, 1, 2": an id takes at most 11 characters, and ", " before it.
+  char* const list = static_cast<char*>(std::malloc(count * 13 + 1));
+  const detail::message names(list);
+  if (list != nullptr) {
+    char* at = list;
+    *at = '\0';
+    for (std::size_t k = 0; k < count; ++k) at += std::sprintf(at, k == 0 ? "%d" : ", %d", missing[k]);
+  }
   std::exception_ptr failure = std::make_exception_ptr(timeout_error(
       woke ? detail::format("mirror: replica %d waits in collective call %llu that replicas {%s} returned from fn "
                             "without reaching; every replica must make the same collective calls",
                             self, static_cast<unsigned long long>(me.calls), names.c_str())
            : detail::format("mirror: replica %d waited %lld ms in a collective that replicas {%s} did not reach; "
                             "raise devices::Threads{.timeout} if they are just slow",
-                            self, static_cast<long long>(timeout_.count()), names.c_str()),
+                            self, static_cast<long long>(timeout_ns_ / 1'000'000), names.c_str()),
       std::move(missing)));
   // The first replica to time out publishes its error (state 2 before cancelled_, so that a
   // replica seeing the flag set by it finds the error); a cancel() already under way, or a

@@ -21,19 +21,25 @@ namespace mirror::detail {
 
 enum class collective_kind : std::uint32_t { all_reduce, broadcast, merge_call };
 
-MIRROR_DETAIL_INLINE std::string to_string(collective_kind k, int param);
+/// How an error message names a collective call: "all_reduce(sum)", "broadcast(from = 2)".
+struct call_name {
+  char text[32];
+};
+MIRROR_DETAIL_INLINE call_name to_string(collective_kind k, int param) noexcept;
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-MIRROR_DETAIL_INLINE std::string to_string(collective_kind k, int param) {
+MIRROR_DETAIL_INLINE call_name to_string(collective_kind k, int param) noexcept {
+  call_name out{"?"};
   switch (k) {
     case collective_kind::all_reduce: {
       const std::string_view op = mirror::to_string(static_cast<ReduceOp>(param));
-      return format("all_reduce(%.*s)", static_cast<int>(op.size()), op.data());
+      std::snprintf(out.text, sizeof out.text, "all_reduce(%.*s)", static_cast<int>(op.size()), op.data());
+      break;
     }
-    case collective_kind::broadcast: return format("broadcast(from = %d)", param);
-    case collective_kind::merge_call: return "merge_call";
+    case collective_kind::broadcast: std::snprintf(out.text, sizeof out.text, "broadcast(from = %d)", param); break;
+    case collective_kind::merge_call: std::snprintf(out.text, sizeof out.text, "merge_call"); break;
   }
-  return "?";
+  return out;
 }
 #endif
 
@@ -51,7 +57,7 @@ struct collective_header {
   std::size_t num_leaves;
   std::uint64_t shape_hash;       // of the sizes that must agree (any_size entries are skipped)
   const std::size_t* sizes;       // element count per leaf, or any_size; the caller's frame
-  const char* const* leaf_types;  // mangled leaf type names (static storage)
+  const std::type_info* const* leaf_types;  // each leaf's type (static storage)
 };
 
 /// A 64-bit mix of the checked sizes (splitmix64 steps): equal shapes give equal hashes.
@@ -109,30 +115,28 @@ MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_check>& cs) noexcept 
 #endif
 
 /// The message for a disagreement. Reads other replicas' frames: call it only while they wait.
-MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collective_check>& cs);
+MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_check>& cs);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collective_check>& cs) {
+MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_check>& cs) {
   // Which collective and which nest: from the checks copied into the slots. A replica's own
   // header (`full`, in its frame) is read only once its check names the same collective and
   // nest as replica 0's: then both are in disagree(), held at its barrier. (A slot can hold an
   // older check, or none, when a replica left a barrier early; its frame is gone by then.)
   const collective_check& c0 = cs[0];
   const auto seq = [](const collective_check& c) { return static_cast<unsigned long long>(c.sequence); };
-  const auto nest_name = [](const collective_check& c) {
-    return c.nest != nullptr ? demangle(c.nest->name()) : std::string("?");
-  };
+  const auto nest_name = [](const collective_check& c) { return demangle(c.nest != nullptr ? c.nest->name() : "?"); };
   for (std::size_t r = 1; r < cs.size(); ++r) {
     const collective_check& c = cs[r];
     if (!same_call(c, c0)) {
       return format("mirror: replicas disagree on collective #%llu: replica 0 called %s but replica %zu called %s "
                     "(its collective #%llu); every replica must make the same collective calls in the same order",
-                    seq(c0), to_string(c0.kind, c0.param).c_str(), r, to_string(c.kind, c.param).c_str(), seq(c));
+                    seq(c0), to_string(c0.kind, c0.param).text, r, to_string(c.kind, c.param).text, seq(c));
     }
     if (c.nest == nullptr || c0.nest == nullptr || *c.nest != *c0.nest) {
       return format("mirror: collective #%llu (%s): mismatched nests: replica %zu passed %s but replica 0 passed %s; "
                     "every replica must pass the same nest type",
-                    seq(c0), to_string(c0.kind, c0.param).c_str(), r, nest_name(c).c_str(), nest_name(c0).c_str());
+                    seq(c0), to_string(c0.kind, c0.param).text, r, nest_name(c).c_str(), nest_name(c0).c_str());
     }
     if (c.full == nullptr || c0.full == nullptr) continue;
     const collective_header& h0 = *c0.full;
@@ -142,13 +146,13 @@ MIRROR_DETAIL_INLINE std::string describe_disagreement(const exchanged<collectiv
       if (a != b && a != any_size && b != any_size) {
         return format("mirror: collective #%llu (%s): shape mismatch at leaf %zu (%s): %zu elements on replica %zu "
                       "but %zu on replica 0; every replica must pass leaves of the same size",
-                      seq(c0), to_string(c0.kind, c0.param).c_str(), k, demangle(h0.leaf_types[k]).c_str(), b, r,
+                      seq(c0), to_string(c0.kind, c0.param).text, k, demangle(h0.leaf_types[k]->name()).c_str(), b, r,
                       a);
       }
     }
   }
   return format("mirror: collective #%llu (%s): replicas disagree on the shapes of the leaves", seq(c0),
-                to_string(c0.kind, c0.param).c_str());
+                to_string(c0.kind, c0.param).text);
 }
 #endif
 
@@ -194,9 +198,9 @@ class collective {
   [[noreturn]] void disagree(const exchanged<collective_check>& checks) {
     // Every replica sees the same checks, so all of them are here; none may unwind (and free
     // the headers and sizes the others read) before all have built the message.
-    std::string message = describe_disagreement(checks);
+    const message text = describe_disagreement(checks);
     rt_->barrier(self_);
-    throw shape_error(std::move(message));
+    throw shape_error(text);
   }
 
   Rt* rt_;
