@@ -23,7 +23,8 @@ class Mirrored : public detail::replica_values<T> {
   const T& primary() const noexcept { return this->values_.data()[0]; }
 
  private:
-  explicit Mirrored(std::vector<T> copies) : detail::replica_values<T>(std::move(copies)) {}
+  Mirrored(detail::adopt_storage_t, detail::replica_storage<T> copies) noexcept
+      : detail::replica_values<T>(std::move(copies)) {}
   friend struct detail::access;
 };
 

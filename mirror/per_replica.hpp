@@ -24,11 +24,16 @@ class PerReplica : public detail::replica_values<T> {
   /// Builds a value from its components, one per replica, in replica order. `run` checks that
   /// the count equals `num_replicas_in_sync()`.
   explicit PerReplica(std::vector<T> components)
-      : detail::replica_values<T>(std::move(components)) {}
+      : detail::replica_values<T>(detail::replica_storage<T>(std::move(components))) {}
 
   /// Mutable access to component `i`, used when a non-const `PerReplica` is passed to `run`.
   T& operator[](std::size_t i) noexcept { return this->values_.data()[i]; }
   using detail::replica_values<T>::operator[];
+
+ private:
+  PerReplica(detail::adopt_storage_t, detail::replica_storage<T> components) noexcept
+      : detail::replica_values<T>(std::move(components)) {}
+  friend struct detail::access;
 };
 
 }  // namespace mirror

@@ -216,8 +216,8 @@ class Strategy {
       // Each replica builds its result in the runtime's result area, on the line the caller
       // reads anyway to see that the replica finished: a worker writing into a vector of the
       // caller's costs two more cache-line hand-offs (the line's ownership, then the read).
-      std::vector<std::optional<Result>> slots;
-      slots.reserve(static_cast<std::size_t>(n));  // before: nothing below may throw
+      // Allocated before the call: nothing after it may throw.
+      typename detail::run_result<Result>::collector out(static_cast<std::size_t>(n));
       rt_.parallel([&](int r) noexcept {
         auto* mine = ::new (rt_.result_area(r)) std::optional<Result>();
         guarded(errors, r, [&] {
@@ -227,21 +227,22 @@ class Strategy {
       });
       for (int r = 0; r < n; ++r) {
         auto* theirs = std::launder(static_cast<std::optional<Result>*>(rt_.result_area(r)));
-        slots.emplace_back(std::move(*theirs));
+        if (theirs->has_value()) out.take(r, std::move(**theirs));  // nothrow: keeps_results_in_areas
         theirs->~optional();
       }
       rethrow_first(errors);
-      return detail::run_result<Result>::assemble(slots);
+      return std::move(out).finish();
     } else {
-      std::vector<std::optional<Result>> slots(static_cast<std::size_t>(n));
+      // Each replica builds its result in its place in the returned value.
+      typename detail::run_result<Result>::collector out(static_cast<std::size_t>(n));
       rt_.parallel([&](int r) noexcept {
         guarded(errors, r, [&] {
           context_type ctx(*this, r);
-          slots[static_cast<std::size_t>(r)].emplace(call_fn(fn, ctx, r, args...));
+          out.take(r, call_fn(fn, ctx, r, args...));
         });
       });
       rethrow_first(errors);
-      return detail::run_result<Result>::assemble(slots);
+      return std::move(out).finish();
     }
   }
 
@@ -467,10 +468,10 @@ class Strategy {
       std::remove_cvref_t<T> chief(value);
       detail::broadcast_nest(*rt_.workers(), chief, 0, "mirror::Strategy::broadcast");
       return detail::access::mirrored(
-          std::vector<std::remove_cvref_t<T>>(static_cast<std::size_t>(num_local_replicas()), chief));
+          detail::replica_storage<std::remove_cvref_t<T>>(static_cast<std::size_t>(num_local_replicas()), chief));
     } else {
       return detail::access::mirrored(
-          std::vector<std::remove_cvref_t<T>>(static_cast<std::size_t>(num_local_replicas()), value));
+          detail::replica_storage<std::remove_cvref_t<T>>(static_cast<std::size_t>(num_local_replicas()), value));
     }
   }
 

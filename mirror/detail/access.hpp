@@ -14,7 +14,13 @@ struct access {
   template <class T>
   static Synced<T> synced(T value) { return Synced<T>(std::move(value)); }
   template <class T>
-  static Mirrored<T> mirrored(std::vector<T> copies) { return Mirrored<T>(std::move(copies)); }
+  static Mirrored<T> mirrored(replica_storage<T> copies) noexcept {
+    return Mirrored<T>(adopt_storage_t{}, std::move(copies));
+  }
+  template <class T>
+  static PerReplica<T> per_replica(replica_storage<T> components) noexcept {
+    return PerReplica<T>(adopt_storage_t{}, std::move(components));
+  }
   template <class T>
   static T&& unwrap(Synced<T>&& s) { return std::move(s.value_); }
   /// Calls a constructor that only mirror may call (variables).

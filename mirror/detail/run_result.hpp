@@ -23,34 +23,67 @@ template <class T>
 struct lift_one<Synced<T>> {
   using type = Mirrored<T>;
   static type make(std::vector<Synced<T>>&& v) {
-    std::vector<T> copies;
-    copies.reserve(v.size());
-    for (auto& s : v) copies.push_back(access::unwrap(std::move(s)));
-    return access::mirrored(std::move(copies));
+    replica_builder<T> copies(v.size());
+    for (std::size_t r = 0; r < v.size(); ++r) copies.build(static_cast<int>(r), access::unwrap(std::move(v[r])));
+    return access::mirrored(std::move(copies).finish());
   }
 };
 
+/// What run builds its result with: `collector(n)`, then `take(r, result)` on each replica
+/// (concurrently, each r once), then `finish()` once all took theirs.
+///
+/// A plain T: each replica's result is built in its final place in the PerReplica<T>.
 template <class R>
 struct run_result : lift_one<R> {
-  /// Moves replica r's results (all engaged) into the lifted value.
-  static typename lift_one<R>::type assemble(std::vector<std::optional<R>>& slots) {
-    std::vector<R> v;
-    v.reserve(slots.size());
-    for (auto& s : slots) v.push_back(std::move(*s));
-    return lift_one<R>::make(std::move(v));
-  }
+  class collector {
+   public:
+    explicit collector(std::size_t n) : out_(n) {}
+    template <class V>  // R, or a reference to one (fn may return a reference)
+    void take(int r, V&& value) {
+      out_.build(r, std::forward<V>(value));
+    }
+    PerReplica<R> finish() && { return access::per_replica(std::move(out_).finish()); }
+
+   private:
+    replica_builder<R> out_;
+  };
 };
 
-/// Synced<T> results go straight into the Mirrored<T>'s copies (no vector of Synced<T> between).
+/// Synced<T>: the value is unwrapped into its place in the Mirrored<T>.
 template <class T>
 struct run_result<Synced<T>> {
   using type = Mirrored<T>;
-  static type assemble(std::vector<std::optional<Synced<T>>>& slots) {
-    std::vector<T> copies;
-    copies.reserve(slots.size());
-    for (auto& s : slots) copies.push_back(access::unwrap(std::move(*s)));
-    return access::mirrored(std::move(copies));
+  class collector {
+   public:
+    explicit collector(std::size_t n) : out_(n) {}
+    template <class V>
+    void take(int r, V&& value) {
+      if constexpr (std::is_lvalue_reference_v<V>) {
+        out_.build(r, value.get());
+      } else {
+        out_.build(r, access::unwrap(std::move(value)));
+      }
+    }
+    Mirrored<T> finish() && { return access::mirrored(std::move(out_).finish()); }
+
+   private:
+    replica_builder<T> out_;
+  };
+};
+
+/// A tuple: the whole results first, then one column per element.
+template <class R>
+class tuple_collector {
+ public:
+  explicit tuple_collector(std::size_t n) : slots_(n) {}
+  template <class V>
+  void take(int r, V&& value) {
+    slots_[static_cast<std::size_t>(r)].emplace(std::forward<V>(value));
   }
+  auto finish() && { return run_result<R>::assemble(slots_); }
+
+ private:
+  std::vector<std::optional<R>> slots_;
 };
 
 template <template <class...> class Tuple, class... Ts>
@@ -68,6 +101,7 @@ struct tuple_run_result {
 
 template <class... Ts>
 struct run_result<std::tuple<Ts...>> : tuple_run_result<std::tuple, Ts...> {
+  using collector = tuple_collector<std::tuple<Ts...>>;
   static auto assemble(std::vector<std::optional<std::tuple<Ts...>>>& slots) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::tuple<typename lift_one<Ts>::type...>(
@@ -77,6 +111,7 @@ struct run_result<std::tuple<Ts...>> : tuple_run_result<std::tuple, Ts...> {
 };
 template <class A, class B>
 struct run_result<std::pair<A, B>> : tuple_run_result<std::pair, A, B> {
+  using collector = tuple_collector<std::pair<A, B>>;
   static auto assemble(std::vector<std::optional<std::pair<A, B>>>& slots) {
     using base = tuple_run_result<std::pair, A, B>;
     return std::pair<typename lift_one<A>::type, typename lift_one<B>::type>(
@@ -86,6 +121,7 @@ struct run_result<std::pair<A, B>> : tuple_run_result<std::pair, A, B> {
 };
 template <class... Ts>
 struct run_result<boost::hana::tuple<Ts...>> : tuple_run_result<boost::hana::tuple, Ts...> {
+  using collector = tuple_collector<boost::hana::tuple<Ts...>>;
   static auto assemble(std::vector<std::optional<boost::hana::tuple<Ts...>>>& slots) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return boost::hana::tuple<typename lift_one<Ts>::type...>(

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <thread>
 #include <tuple>
@@ -148,6 +149,91 @@ TEMPLATE_TEST_CASE("run's per-replica results are each destroyed once, also when
   // and the next run's results are the next run's
   const auto again = s.run([](auto& ctx) { return C(ctx.replica_id_in_sync_group() + 1); });
   for (std::size_t r = 0; r < 4; ++r) REQUIRE(again[r].value == static_cast<int>(r) + 1);
+}
+
+TEMPLATE_TEST_CASE("run's Mirrored results are each destroyed once, also when a replica throws", "[strategy][run]",
+                   counted<4>, counted<96>) {
+  // fn returns Synced<C> (from merge_call): run unwraps each into the Mirrored<C>'s copies.
+  using C = TestType;
+  S s{{.replicas = 3}};
+  {
+    const mirror::Mirrored<C> out = s.run([](auto& ctx) { return ctx.merge_call([](auto&) { return C(5); }); });
+    REQUIRE(out.size() == 3);
+    for (const C& c : out) REQUIRE(c.value == 5);
+    REQUIRE(C::alive == 3);
+  }
+  REQUIRE(C::alive == 0);
+  REQUIRE_THROWS_AS(s.run([](auto& ctx) {
+    auto shared = ctx.merge_call([](auto&) { return C(6); });
+    if (ctx.replica_id_in_sync_group() == 1) throw std::out_of_range("after the merge");
+    return shared;
+  }),
+                    mirror::replica_error);
+  REQUIRE(C::alive == 0);
+}
+
+namespace {
+// Copies fail once `budget` reaches 0: a copy that throws half-way through a PerReplica.
+// (Replicas build theirs concurrently: atomic counts.)
+struct fragile {
+  static inline std::atomic<int> alive{0};
+  static inline std::atomic<int> budget{1 << 30};
+  int value;
+  explicit fragile(int v) : value(v) { ++alive; }
+  fragile(const fragile& o) : value(o.value) {
+    if (budget-- == 0) throw std::runtime_error("copy failed");
+    ++alive;
+  }
+  ~fragile() { --alive; }
+};
+struct alignas(64) wide {
+  float x;
+};
+}  // namespace
+
+TEST_CASE("PerReplica and Mirrored copy, move and assign their components", "[strategy][per_replica]") {
+  S s{{.replicas = 4}};
+  {
+    const auto original = s.run([](auto& ctx) { return fragile(ctx.replica_id_in_sync_group()); });
+    REQUIRE(fragile::alive == 4);
+    auto copy = original;  // NOLINT(performance-unnecessary-copy-initialization): the copy is under test
+    REQUIRE(fragile::alive == 8);
+    for (std::size_t r = 0; r < 4; ++r) REQUIRE(copy[r].value == static_cast<int>(r));
+    auto moved = std::move(copy);
+    REQUIRE(fragile::alive == 8);
+    REQUIRE(copy.size() == 0);  // NOLINT(bugprone-use-after-move): a moved-from value is empty
+    copy = moved;
+    REQUIRE(fragile::alive == 12);
+    // The third copy throws: the two already made are destroyed, the target is unchanged.
+    fragile::budget = 2;
+    REQUIRE_THROWS_WITH(copy = original, "copy failed");
+    fragile::budget = 1 << 30;
+    REQUIRE(fragile::alive == 12);
+    REQUIRE(copy.size() == 4);
+  }
+  REQUIRE(fragile::alive == 0);
+
+  const mirror::Mirrored<std::vector<int>> m = s.broadcast(std::vector<int>{1, 2, 3});
+  mirror::Mirrored<std::vector<int>> m2 = m;
+  REQUIRE(m2.size() == 4);
+  REQUIRE(m2.primary() == std::vector<int>{1, 2, 3});
+  REQUIRE(&m2.primary() != &m.primary());
+}
+
+TEST_CASE("run's results keep their alignment, and fn may return a reference", "[strategy][run]") {
+  S s{{.replicas = 3}};
+  const auto out = s.run([](auto& ctx) { return wide{static_cast<float>(ctx.replica_id_in_sync_group())}; });
+  for (std::size_t r = 0; r < 3; ++r) {
+    REQUIRE(reinterpret_cast<std::uintptr_t>(&out[r]) % 64 == 0);
+    REQUIRE(out[r].x == static_cast<float>(r));
+  }
+  const std::vector<int> shared{4, 5, 6};
+  const auto copies = s.run([&]() -> const std::vector<int>& { return shared; });
+  static_assert(std::is_same_v<decltype(copies), const mirror::PerReplica<std::vector<int>>>);
+  for (const auto& c : copies) {
+    REQUIRE(c == shared);
+    REQUIRE(c.data() != shared.data());
+  }
 }
 
 TEST_CASE("run does not nest, and concurrent runs are serialised", "[strategy][run]") {
