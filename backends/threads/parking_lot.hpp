@@ -77,7 +77,7 @@ class alignas(64) parking_lot {
   /// spin is bounded in time, not in pause instructions: `pause` costs 3 to 140 cycles depending
   /// on the CPU, so a count tuned on one machine is 40x off on another.
   /// Safe while threads wait (each wait reads both once, as it starts).
-  void configure(std::int64_t spin_ns, int yields) noexcept {
+  void configure(int spin_ns, int yields) noexcept {
     spin_ns_.store(spin_ns, std::memory_order_relaxed);
     yields_.store(yields, std::memory_order_relaxed);
   }
@@ -167,7 +167,9 @@ class alignas(64) parking_lot {
   // when someone parks, follow on their own lines.
   std::atomic<int> sleepers_{0};
   std::atomic<int> yields_{4};
-  std::atomic<std::int64_t> spin_ns_{50'000};
+  // (ints: the pool's atomics are of two types, int and std::uint64_t; each type's atomic
+  // members are a dozen functions that every header-only translation unit compiles.)
+  std::atomic<int> spin_ns_{50'000};
   alignas(64) pthread_mutex_t mutex_ = PTHREAD_MUTEX_INITIALIZER;
   pthread_cond_t cv_;
 };

@@ -88,9 +88,6 @@ class runtime {
     static_assert(std::is_trivially_copyable_v<P>, "exchange payloads are copied as bytes");
     static_assert(sizeof(P) <= max_exchange_bytes && alignof(P) <= alignof(slot_payload),
                   "exchange payload too large for the runtime's slots");
-    // Before the payload is written: after a failure a replica may still be reading this row.
-    if (cancelled_.load(std::memory_order_acquire)) throw_cancelled();
-    slot* const row = row_of(replica_[static_cast<std::size_t>(self)].calls + 1);
     // Every load of the payload before any store into the slot. The payload is usually a
     // temporary the caller has just built with stores of other widths than a copy's loads, so
     // a load may wait for those stores to reach the cache; with a store into the slot queued
@@ -98,13 +95,11 @@ class runtime {
     // it would wait for that one too, and the others would see the slot's line written in
     // pieces, one round trip apart (`perf annotate` put 44 % of a 1-float all_reduce loop's
     // samples on such a load; with this copy the loop went from 190-195 to 151-174 ns per call
-    // on 2 replicas, 2026-11-25).
-    alignas(16) unsigned char bounce[sizeof(P)];
+    // on 2 replicas, 2026-11-25). Whole 16-byte groups, so exchange_groups copies them as such.
+    alignas(16) unsigned char bounce[(sizeof(P) + 15) / 16 * 16];
     std::memcpy(bounce, &payload, sizeof(P));
-    asm volatile("" : : "r"(bounce) : "memory");
-    std::memcpy(row[self].payload.bytes, bounce, sizeof(P));
-    arrive(self);
-    return detail::exchanged<P>(row[0].payload.bytes, sizeof(slot), static_cast<std::size_t>(n_));
+    return detail::exchanged<P>(exchange_groups(self, bounce, sizeof bounce / 16), sizeof(slot),
+                                static_cast<std::size_t>(n_));
   }
 
   void barrier(int self) {
@@ -235,6 +230,11 @@ class runtime {
   // above all): one copy, instead of one per replica function.
   void run_job(void (*job)(const void*, int) noexcept);
 
+  // The part of exchange() that does not depend on the payload's type (one copy, not one per
+  // payload type): publishes `groups` 16-byte groups of `bounce` in self's slot, arrives, and
+  // returns replica 0's payload (the others follow at a stride of sizeof(slot)).
+  const unsigned char* exchange_groups(int self, const unsigned char* bounce, std::size_t groups);
+
   void run_one(int r) noexcept;
 
   // Whether every worker from `from` on has finished the call `epoch`; advances `from` past
@@ -291,7 +291,7 @@ class runtime {
 
   job_line job_;
   // Read by every arrival, written only by cancel() and the next call's start: its own line.
-  alignas(64) std::atomic<bool> cancelled_{false};
+  alignas(64) std::atomic<int> cancelled_{0};  // 0 or 1 (an int: see parking_lot::spin_ns_)
   // The call's timeout_error (throw_timeout): claimed (1), then published (2) before cancelled_.
   std::atomic<int> failure_state_{0};
   std::exception_ptr failure_;
@@ -391,7 +391,7 @@ MIRROR_DETAIL_INLINE void runtime::limit_cores(unsigned cores) noexcept {
 }
 
 MIRROR_DETAIL_INLINE void runtime::cancel() {
-  cancelled_.store(true, std::memory_order_seq_cst);  // seq_cst: parking_lot::wake's rule
+  cancelled_.store(1, std::memory_order_seq_cst);  // seq_cst: parking_lot::wake's rule
   barrier_lot_.wake();
 }
 
@@ -411,7 +411,7 @@ MIRROR_DETAIL_INLINE void runtime::run_job(void (*job)(const void*, int) noexcep
   // No replica runs here: the last call's join ordered every replica's writes before this.
   // (Written only when set: every arrival reads the line, and it should stay in their caches.)
   if (cancelled_.load(std::memory_order_relaxed)) {
-    cancelled_.store(false, std::memory_order_relaxed);
+    cancelled_.store(0, std::memory_order_relaxed);
     failure_state_.store(0, std::memory_order_relaxed);
     failure_ = nullptr;
   }
@@ -430,6 +430,18 @@ MIRROR_DETAIL_INLINE void runtime::run_job(void (*job)(const void*, int) noexcep
   std::uint64_t most = 0;
   for (int r = 0; r < n_; ++r) most = std::max(most, replica_[static_cast<std::size_t>(r)].calls);
   next_base_ = job_.base + most;
+}
+
+MIRROR_DETAIL_INLINE const unsigned char* runtime::exchange_groups(int self, const unsigned char* bounce,
+                                                                 std::size_t groups) {
+  // Before the payload is written: after a failure a replica may still be reading this row.
+  if (cancelled_.load(std::memory_order_acquire)) throw_cancelled();
+  slot* const row = row_of(replica_[static_cast<std::size_t>(self)].calls + 1);
+  asm volatile("" : : "r"(bounce) : "memory");  // the bounce copy is done (exchange())
+  unsigned char* const mine = row[self].payload.bytes;
+  for (std::size_t g = 0; g < groups; ++g) std::memcpy(mine + 16 * g, bounce + 16 * g, 16);
+  arrive(self);
+  return row[0].payload.bytes;
 }
 
 MIRROR_DETAIL_INLINE void runtime::run_one(int r) noexcept {
@@ -528,12 +540,17 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
     return row[r].arrived.load(std::memory_order_acquire) != number &&
            (!woke || replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_acquire) == epoch);
   };
-  std::vector<int> missing(static_cast<std::size_t>(n_));
+  // Counted first, so that the list is built at its size (no growth code); a replica that
+  // arrives between the two passes is left out (pop_back).
   std::size_t count = 0;
-  for (int r = 0; r < n_; ++r) {
-    if (is_missing(r)) missing[count++] = r;
+  for (int r = 0; r < n_; ++r) count += is_missing(r) ? 1 : 0;
+  std::vector<int> missing(count);
+  std::size_t k = 0;
+  for (int r = 0; r < n_ && k < count; ++r) {
+    if (is_missing(r)) missing[k++] = r;
   }
-  missing.resize(count);
+  while (missing.size() > k) missing.pop_back();
+  count = k;
   // "0, 1, 2": an id takes at most 11 characters, and ", " before it.
   char* const list = static_cast<char*>(std::malloc(count * 13 + 1));
   const detail::message names(list);
