@@ -209,20 +209,11 @@ class ReplicaContext {
     return v;
   }
 
-  // The leaves' types, for a shape error's message: a constant table (an initialised static
-  // local cost a guard and a lambda per nest type).
-  template <class L>
-  struct type_table;
-  template <class... Ls>
-  struct type_table<detail::type_list<Ls...>> {
-    static constexpr const std::type_info* value[] = {&typeid(Ls)..., nullptr};
-  };
-
   template <class N, std::size_t K>
   detail::collective_header make_header(detail::collective_kind kind, int param,
                                         const std::array<std::size_t, K>& sizes) {
     return {kind,       param, ++sequence_, &typeid(N), K, detail::shape_hash(sizes.data(), K), sizes.data(),
-            type_table<detail::leaf_types_t<N>>::value};
+            detail::leaf_type_infos<N>};
   }
 
   Strategy* strategy_;

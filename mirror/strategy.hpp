@@ -203,7 +203,7 @@ class Strategy {
     (check_components(args, index++), ...);
     std::lock_guard lock(run_mutex_);
     const int n = num_local_replicas();
-    std::vector<std::exception_ptr>& errors = errors_;  // reused: runs are serialised
+    detail::replica_errors& errors = errors_;  // reused: runs are serialised
     if constexpr (std::is_void_v<Result>) {
       rt_.parallel([&](int r) noexcept {
         guarded(errors, r, [&] {
@@ -546,7 +546,7 @@ class Strategy {
   }
 
   template <class Body>
-  void guarded(std::vector<std::exception_ptr>& errors, int r, Body&& body) noexcept {
+  void guarded(detail::replica_errors& errors, int r, Body&& body) noexcept {
     try {
       body();
     } catch (const detail::collective_cancelled&) {
@@ -563,7 +563,7 @@ class Strategy {
   int first_local_replica() const noexcept { return worker_index() * num_local_replicas(); }
 
   /// Rethrows the lowest replica's error, if any, leaving `errors` empty for the next run.
-  void rethrow_first(std::vector<std::exception_ptr>& errors) const {
+  void rethrow_first(detail::replica_errors& errors) const {
     detail::rethrow_first(errors, first_local_replica());
   }
 
@@ -667,7 +667,7 @@ class Strategy {
 
   runtime_type rt_;
   Ops ops_;
-  std::vector<std::exception_ptr> errors_;  // one per replica, for run (guarded by run_mutex_)
+  detail::replica_errors errors_;  // one per replica, for run (guarded by run_mutex_)
   std::mutex run_mutex_;
 };
 

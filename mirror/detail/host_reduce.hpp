@@ -44,7 +44,7 @@ shape_mismatch first_shape_mismatch(const T& a, const T& b) {
   return found;
 }
 
-/// check_component_shapes' error: component r's leaf m.leaf differs from component 0's.
+/// reduce_components' shape error: component r's leaf m.leaf differs from component 0's.
 [[noreturn]] MIRROR_DETAIL_INLINE void throw_component_shape_error(const char* api, const shape_mismatch& m,
                                                                   std::size_t r);
 
@@ -55,16 +55,6 @@ MIRROR_DETAIL_INLINE void throw_component_shape_error(const char* api, const sha
                            api, m.leaf, demangle(m.leaf_type).c_str(), m.second, r, m.first));
 }
 #endif
-
-/// Throws shape_error unless every component's leaf k has component 0's size.
-template <class T>
-void check_component_shapes(std::span<const T> components, const char* api) {
-  for (std::size_t r = 1; r < components.size(); ++r) {
-    if (const shape_mismatch m = first_shape_mismatch(components[0], components[r])) {
-      throw_component_shape_error(api, m, r);
-    }
-  }
-}
 
 /// How reduce_components spreads its work: `run(self, bytes, body, arg)` calls body(arg, part,
 /// parts) for every part it chooses (Strategy: over its threads for large leaves; serial_parallel:
@@ -112,22 +102,63 @@ MIRROR_DETAIL_INLINE void reduce_leaf(ReduceOp op, void* dst, std::size_t size, 
 }
 #endif
 
+/// Every component's leaves, by position: where each starts and how many elements it has
+/// ([k * n + r]: leaf position k of replica r). Not a std::vector, and not a template: one
+/// definition for every nest type.
+class leaf_table {
+ public:
+  explicit leaf_table(std::size_t entries) : data_(new const void*[entries]), sizes_(new std::size_t[entries]) {}
+  leaf_table(const leaf_table&) = delete;
+  leaf_table& operator=(const leaf_table&) = delete;
+  ~leaf_table() {
+    delete[] sizes_;
+    delete[] data_;
+  }
+  const void** data() noexcept { return data_; }
+  std::size_t* sizes() noexcept { return sizes_; }
+
+ private:
+  const void** data_;
+  std::size_t* sizes_;
+};
+
+/// The first leaf position whose size differs between component 0 and another, as
+/// throw_component_shape_error wants it (`types`: the leaves' types, for the message).
+MIRROR_DETAIL_INLINE void check_leaf_sizes(const std::size_t* sizes, std::size_t leaves, std::size_t n,
+                                           const std::type_info* const* types, const char* api);
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE void check_leaf_sizes(const std::size_t* sizes, std::size_t leaves, std::size_t n,
+                                           const std::type_info* const* types, const char* api) {
+  for (std::size_t r = 1; r < n; ++r) {
+    for (std::size_t k = 0; k < leaves; ++k) {
+      const std::size_t first = sizes[k * n], mine = sizes[k * n + r];
+      if (mine != first) throw_component_shape_error(api, shape_mismatch{k, first, mine, types[k]->name()}, r);
+    }
+  }
+}
+#endif
+
 /// out = the element-wise reduction of the components (out starts as a copy of component 0).
 /// Each part of `parallel` reduces its slice of every leaf in replica order, so the result does
-/// not depend on the split.
+/// not depend on the split. The shapes are checked on the sizes gathered with the leaves (one
+/// walk of each component, not a second walk of component pairs).
 template <class T>
 void reduce_components(ReduceOp op, std::span<const T> components, T& out, parallel_ref parallel, const char* api) {
-  check_component_shapes(components, api);
   const std::size_t n = components.size();
-  std::vector<const void*> inputs(leaf_count<T>() * n);  // [k * n + r]: leaf position k of replica r
+  leaf_table inputs(leaf_count<T>() * n);
   for (std::size_t r = 0; r < n; ++r) {
     std::size_t k = 0;
     for_each_leaf(
         [&](const auto& l) {
-          inputs[k++ * n + r] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).data();
+          const auto e = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
+          inputs.data()[k * n + r] = e.data();
+          inputs.sizes()[k * n + r] = e.size();
+          ++k;
         },
         components[r]);
   }
+  check_leaf_sizes(inputs.sizes(), leaf_count<T>(), n, leaf_type_infos<T>, api);
   std::size_t k = 0;
   for_each_leaf(
       [&](auto& o) {

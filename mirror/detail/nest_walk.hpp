@@ -15,6 +15,7 @@
 #include <mirror/concepts/nest.hpp>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 namespace mirror::detail {
@@ -213,6 +214,18 @@ struct leaf_types {
 };
 template <class T>
 using leaf_types_t = typename leaf_types<T>::type;
+
+/// The type of each leaf of nest type T, in traversal order (and a null end): what error
+/// messages name leaves by. A constant table; built by an initialised static it cost a guard
+/// and a lambda per nest type.
+template <class L>
+struct type_info_table;
+template <class... Ls>
+struct type_info_table<type_list<Ls...>> {
+  static constexpr const std::type_info* value[] = {&typeid(Ls)..., nullptr};
+};
+template <class T>
+inline constexpr const std::type_info* const* leaf_type_infos = type_info_table<leaf_types_t<T>>::value;
 
 template <class L, class T>
 struct append_unique;

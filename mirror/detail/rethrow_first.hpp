@@ -5,19 +5,35 @@
 #include <cstddef>
 #include <exception>
 #include <utility>
-#include <vector>
 #include <mirror/detail/separate_compilation.hpp>
 #include <mirror/error.hpp>
 
 namespace mirror::detail {
 
+/// One slot per replica for the exception its `fn` threw (Strategy::run). A fixed array, not a
+/// std::vector: nothing grows, and a vector's members were code every translation unit that
+/// calls run compiled.
+class replica_errors {
+ public:
+  explicit replica_errors(std::size_t n) : slots_(new std::exception_ptr[n]), n_(n) {}
+  replica_errors(const replica_errors&) = delete;
+  replica_errors& operator=(const replica_errors&) = delete;
+  ~replica_errors() { delete[] slots_; }
+  std::exception_ptr& operator[](std::size_t r) noexcept { return slots_[r]; }
+  std::size_t size() const noexcept { return n_; }
+
+ private:
+  std::exception_ptr* slots_;
+  std::size_t n_;
+};
+
 /// Rethrows the lowest replica's exception, if any, and leaves `errors` empty for the next run:
 /// a mirror::error as it is, anything else as a replica_error naming global replica
 /// `first_replica + r`. (Not a member of Strategy: one copy per program, not one per policy.)
-MIRROR_DETAIL_INLINE void rethrow_first(std::vector<std::exception_ptr>& errors, int first_replica);
+MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replica);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-MIRROR_DETAIL_INLINE void rethrow_first(std::vector<std::exception_ptr>& errors, int first_replica) {
+MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replica) {
   std::exception_ptr first;
   int replica = 0;
   for (std::size_t r = 0; r < errors.size(); ++r) {

@@ -284,6 +284,13 @@ TEST_CASE("reduce: mean keeps the element type, shapes must match", "[strategy][
   REQUIRE(s.reduce(ReduceOp::mean, d) == 1.75);
   const mirror::PerReplica<std::vector<float>> ragged({{1, 2}, {1, 2}, {1, 2, 3}, {1, 2}});
   REQUIRE_THROWS_WITH(s.reduce(ReduceOp::sum, ragged), Catch::Contains("3 elements on replica 2 but 2 on replica 0"));
+  // In a nest: the first differing leaf of the lowest replica, by position and type.
+  using Nest = std::tuple<std::vector<float>, std::pair<int, std::vector<double>>>;
+  const mirror::PerReplica<Nest> nests({Nest{{1}, {1, {1, 2}}}, Nest{{1}, {1, {1}}}, Nest{{1, 2}, {1, {1, 2}}},
+                                        Nest{{1}, {1, {1, 2}}}});
+  REQUIRE_THROWS_WITH(s.reduce(ReduceOp::sum, nests),
+                      Catch::Contains("shape mismatch at leaf 2 (std::vector<double") &&
+                          Catch::Contains("1 elements on replica 1 but 2 on replica 0"));
 }
 
 TEST_CASE("reduce with axis0 reduces the batch dimension too", "[strategy][reduce][axis0]") {
