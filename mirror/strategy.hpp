@@ -301,7 +301,7 @@ class Strategy {
   template <class V>
   auto reduce_on_host(ReduceOp op, const V& value) {
     using T = typename V::value_type;
-    const std::span<const T> components(value.begin(), value.end());
+    const std::span<const T> components(value.begin(), value.size());
     T out = components[0];
     detail::reduce_components(detail::cross_op(op), components, out, host_parallel(), "reduce");
     if constexpr (multi_worker) {

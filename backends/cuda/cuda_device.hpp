@@ -36,9 +36,12 @@ struct Cuda {
 
   friend bool operator==(const Cuda&, const Cuda&) = default;
 
-  /// Owns the streams, events and buffers; built by `Strategy` from this policy.
+  /// Owns the streams, events and buffers; built by `Strategy` from this policy. (Its constructor
+  /// is defined in libmirror_cuda, which a CUDA program links anyway: inline, it was compiled by
+  /// every translation unit that includes <mirror/mirror.hpp> in a CUDA build, Threads-only ones
+  /// too.)
   struct runtime : cuda::runtime {
-    explicit runtime(const Cuda& d) : cuda::runtime(d.gpus, d.replicas_per_gpu, d.timeout) {}
+    explicit runtime(const Cuda& d);
   };
 };
 

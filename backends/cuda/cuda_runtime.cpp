@@ -4,6 +4,7 @@
 // with the cudaError_t, its name and its text.
 
 #include <backends/cuda/cuda_runtime.hpp>
+#include <backends/cuda/cuda_device.hpp>
 #include <backends/cuda/kernels.hpp>
 #include <cuda_runtime_api.h>
 #include <algorithm>
@@ -93,7 +94,7 @@ struct state {
   }
 };
 
-void state_deleter::operator()(state* s) const noexcept { delete s; }
+void destroy_state(state* s) noexcept { delete s; }
 
 namespace {
 
@@ -121,7 +122,7 @@ void grow(buffer& b, std::size_t bytes, int device, state& s, int only_replica) 
 
 }  // namespace
 
-state_ptr create_state(std::span<const int> gpus, int replicas_per_gpu) {
+state* create_state(std::span<const int> gpus, int replicas_per_gpu) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -137,7 +138,7 @@ state_ptr create_state(std::span<const int> gpus, int replicas_per_gpu) {
     throw std::invalid_argument("mirror::devices::Cuda{.replicas_per_gpu = " + std::to_string(replicas_per_gpu) +
                                 "}: replicas_per_gpu must be >= 1");
   }
-  state_ptr s(new state);
+  std::unique_ptr<state> s(new state);
   s->per_gpu = replicas_per_gpu;
   if (gpus.empty()) {
     for (int g = 0; g < count; ++g) s->gpus.push_back(g);
@@ -191,7 +192,7 @@ state_ptr create_state(std::span<const int> gpus, int replicas_per_gpu) {
     }
   }
   check(cudaSetDevice(previous), "cudaSetDevice");
-  return s;
+  return s.release();
 }
 
 int num_replicas(const state& s) noexcept { return static_cast<int>(s.replicas.size()); }
@@ -407,3 +408,8 @@ void buffer_download(int device, void* dst, const void* src, std::size_t bytes) 
 }
 
 }  // namespace mirror::cuda::impl
+
+namespace mirror::devices {
+Cuda::runtime::runtime(const Cuda& d)
+    : cuda::runtime(std::span<const int>(d.gpus.data(), d.gpus.size()), d.replicas_per_gpu, d.timeout) {}
+}  // namespace mirror::devices

@@ -43,10 +43,7 @@ void* current_stream() noexcept;
 namespace impl {
 
 struct state;  // streams, events, buffers, peer map: defined in cuda_runtime.cpp
-struct state_deleter {
-  void operator()(state*) const noexcept;
-};
-using state_ptr = std::unique_ptr<state, state_deleter>;
+void destroy_state(state*) noexcept;
 
 /// Where a buffer lives: an address and its device ordinal.
 struct located {
@@ -55,7 +52,7 @@ struct located {
 };
 
 // All of these throw mirror::backend_error (or std::invalid_argument for a bad setting).
-state_ptr create_state(std::span<const int> gpus, int replicas_per_gpu);
+state* create_state(std::span<const int> gpus, int replicas_per_gpu);  // destroy_state it
 int num_replicas(const state&) noexcept;
 int device_of(const state&, int replica) noexcept;
 int replicas_per_gpu(const state&) noexcept;
@@ -90,7 +87,7 @@ class runtime {
 
   /// `gpus` empty: every visible GPU. Throws `mirror::backend_error` when CUDA has no device.
   runtime(std::span<const int> gpus, int replicas_per_gpu, std::chrono::milliseconds timeout)
-      : state_(impl::create_state(gpus, replicas_per_gpu)), host_(impl::num_replicas(*state_), timeout),
+      : state_{impl::create_state(gpus, replicas_per_gpu)}, host_(impl::num_replicas(*state_), timeout),
         timeout_(timeout) {}
 
   runtime(const runtime&) = delete;
@@ -205,19 +202,40 @@ class runtime {
   /// communicators here: created once per device set, reused by every collective).
   template <class T, class Make>
   T& extension(Make&& make) {
-    if (!extension_) {
-      T* made = make();
-      extension_ = std::unique_ptr<void, void (*)(void*)>(made, [](void* p) { delete static_cast<T*>(p); });
+    if (extension_.p == nullptr) {
+      extension_.p = make();
+      extension_.destroy = [](void* p) { delete static_cast<T*>(p); };
     }
-    return *static_cast<T*>(extension_.get());
+    return *static_cast<T*>(extension_.p);
   }
 
  private:
-  impl::state_ptr state_;  // first: the pool's threads must stop before the streams go
+  // Owners written out rather than std::unique_ptr: this class is compiled by every translation
+  // unit of a CUDA build (<mirror/mirror.hpp> brings it), and unique_ptr's deleter storage (a
+  // std::tuple) was a tenth of what the CUDA backend's headers cost to parse.
+  struct owned_state {
+    impl::state* p;
+    explicit owned_state(impl::state* s) noexcept : p(s) {}
+    owned_state(const owned_state&) = delete;
+    owned_state& operator=(const owned_state&) = delete;
+    ~owned_state() { impl::destroy_state(p); }
+    impl::state& operator*() const noexcept { return *p; }
+  };
+  struct owned_extension {
+    void* p = nullptr;
+    void (*destroy)(void*) = nullptr;
+    owned_extension() = default;
+    owned_extension(const owned_extension&) = delete;
+    owned_extension& operator=(const owned_extension&) = delete;
+    ~owned_extension() {
+      if (destroy != nullptr) destroy(p);
+    }
+  };
+  owned_state state_;  // first: the pool's threads must stop before the streams go
   threads::runtime host_;
   std::chrono::milliseconds timeout_;
   // Destroyed first (declared last): communicators go before the streams they use.
-  std::unique_ptr<void, void (*)(void*)> extension_{nullptr, [](void*) {}};
+  owned_extension extension_;
 };
 
 }  // namespace mirror::cuda

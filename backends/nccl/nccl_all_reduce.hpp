@@ -186,7 +186,9 @@ struct NcclAllReduce {
     return *rt.extension<comms_holder>([&] {
              std::vector<int> devices;
              for (int r = 0; r < rt.num_replicas(); ++r) devices.push_back(rt.device_of(r));
-             return new comms_holder{nccl::impl::create_comms(devices, rt.timeout(), workers)};
+             // (A span from pointer and size: see devices::Cuda::runtime.)
+             return new comms_holder{nccl::impl::create_comms(std::span<const int>(devices.data(), devices.size()),
+                                                              rt.timeout(), workers)};
            }).comms;
   }
 };
