@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <time.h>
+#include <type_traits>
 
 namespace mirror::threads {
 
@@ -90,6 +91,48 @@ class alignas(64) parking_lot {
   /// mutex is held around `ready()`).
   template <class SpinReady, class Ready>
   bool wait(SpinReady&& spin_ready, Ready&& ready, std::int64_t timeout_ns) {
+    // The first round of polls inline, where a partner on its own core usually arrives; the
+    // rest, slow anyway, is one function for every condition (the conditions called through
+    // pointers there), not a copy of the spin, yield and park code per wait.
+    if (spin_ns_.load(std::memory_order_relaxed) > 0) {
+      for (int i = 0; i < polls_per_round; ++i) {
+        if (spin_ready()) return true;
+        cpu_relax();
+      }
+    }
+    return wait_slowly({&call<SpinReady>, &spin_ready}, {&call<Ready>, &ready}, timeout_ns);
+  }
+
+  /// Call after changing state a waiter may be waiting for. The rule: make the change with a
+  /// seq_cst store or read-modify-write (or any store followed by seq_cst_fence()), and let the
+  /// waiters' `ready()` read it with seq_cst loads (see wait()). Then this is a plain read of a
+  /// line that nobody writes while nobody parks: no cache-line hand-off on the spinning fast
+  /// path (a read-modify-write here cost one per wake-up, on every fork, barrier and join).
+  void wake() {
+    if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
+    // A sleeper is inside wait(), or has not yet tested ready(): once this thread has held the
+    // mutex, it is asleep on the condition variable, or will see the change.
+    pthread_mutex_lock(&mutex_);
+    pthread_mutex_unlock(&mutex_);
+    pthread_cond_broadcast(&cv_);
+  }
+
+ private:
+  static constexpr int polls_per_round = 16;
+
+  // A condition of wait() behind a pointer.
+  struct condition {
+    bool (*test)(void* f);
+    void* f;
+    bool operator()() const { return test(f); }
+  };
+  template <class F>
+  static bool call(void* f) {
+    return (*static_cast<std::remove_reference_t<F>*>(f))();
+  }
+
+  // wait() after its first round of polls: spin (time-bounded), yield, park.
+  [[gnu::noinline]] bool wait_slowly(condition spin_ready, condition ready, std::int64_t timeout_ns) {
     const std::int64_t spin_ns = spin_ns_.load(std::memory_order_relaxed);
     const int yields = yields_.load(std::memory_order_relaxed);
     if (spin_ns > 0) {
@@ -98,21 +141,16 @@ class alignas(64) parking_lot {
       // partner may be queued behind this very spinner on its core, and only a yield (or
       // parking) lets it run. On an idle core the yield returns at once.
       constexpr std::int64_t pure_ns = 2'000;
-      // The clock is first read after a round of polls, and the spin counted from there:
-      // reading it costs 20-30 ns under KVM, about a cache-line hand-off, and a partner on its
-      // own core is often that close.
-      std::int64_t start = -1;
+      // The clock is first read after the first round of polls (wait()), and the spin counted
+      // from there: reading it costs 20-30 ns under KVM, about a cache-line hand-off, and a
+      // partner on its own core is often that close.
+      const std::int64_t start = monotonic_ns();
       for (;;) {
-        for (int i = 0; i < 16; ++i) {
+        for (int i = 0; i < polls_per_round; ++i) {
           if (spin_ready()) return true;
           cpu_relax();
         }
-        const std::int64_t now = monotonic_ns();
-        if (start < 0) {
-          start = now;
-          continue;
-        }
-        const std::int64_t spent = now - start;
+        const std::int64_t spent = monotonic_ns() - start;
         if (spent >= spin_ns) break;
         if (spent >= pure_ns) sched_yield();
       }
@@ -148,21 +186,6 @@ class alignas(64) parking_lot {
     return ok;
   }
 
-  /// Call after changing state a waiter may be waiting for. The rule: make the change with a
-  /// seq_cst store or read-modify-write (or any store followed by seq_cst_fence()), and let the
-  /// waiters' `ready()` read it with seq_cst loads (see wait()). Then this is a plain read of a
-  /// line that nobody writes while nobody parks: no cache-line hand-off on the spinning fast
-  /// path (a read-modify-write here cost one per wake-up, on every fork, barrier and join).
-  void wake() {
-    if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
-    // A sleeper is inside wait(), or has not yet tested ready(): once this thread has held the
-    // mutex, it is asleep on the condition variable, or will see the change.
-    pthread_mutex_lock(&mutex_);
-    pthread_mutex_unlock(&mutex_);
-    pthread_cond_broadcast(&cv_);
-  }
-
- private:
   // Line 1: what every wait and wake touches. The mutex and condition variable, touched only
   // when someone parks, follow on their own lines.
   std::atomic<int> sleepers_{0};
