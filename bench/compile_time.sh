@@ -10,16 +10,21 @@
 # {"mirror": [s, ...], "mirror_separate": [...], "std_thread": [...], "library": [...],
 #  "compiler": "...", "flags": "..."}.
 #
-#   bench/compile_time.sh [--build DIR] [--runs 3]
+#   bench/compile_time.sh [--build DIR] [--runs 3] [--instructions]
 # DIR (default build-bench) is a configured build directory (for mirror/config.hpp).
+# --instructions: instead of CPU seconds, the instructions the compiler proper (cc1plus) executes
+# for each translation unit, in billions, counted once by valgrind's callgrind (Debian:
+# valgrind): the same count on every run of the same compiler, whatever else the machine does,
+# where CPU seconds scatter by 5-25 % on a shared VM. About a minute per compile.
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-build=build-bench runs=3
+build=build-bench runs=3 instructions=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) build=$2; shift ;;
     --runs) runs=$2; shift ;;
+    --instructions) instructions=1 ;;
     *) echo "compile_time.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -40,6 +45,23 @@ ru = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(round(ru.ru_utime + ru.ru_stime, 3))
 PY
 }
+if [[ $instructions == 1 ]]; then
+  command -v valgrind >/dev/null || { echo "compile_time.sh: --instructions needs valgrind (Debian: valgrind)" >&2; exit 2; }
+  # The compiler proper's command line (g++ -### prints it), run under callgrind.
+  count() {  # SOURCE [EXTRA FLAG...]
+    local src=$1; shift
+    local cmd
+    cmd=$("$cxx" "${flags[@]}" "$@" -c "$src" -o "$tmp/out.o" -### 2>&1 | grep -m1 cc1plus)
+    eval "valgrind --tool=callgrind --callgrind-out-file=$tmp/callgrind.out $cmd" >"$tmp/valgrind.log" 2>&1 ||
+      { cat "$tmp/valgrind.log" >&2; exit 1; }
+    grep -o 'Collected : [0-9]*' "$tmp/valgrind.log" | awk '{printf "%.3f", $3 / 1e9}'
+  }
+  printf '{"unit": "G instructions (cc1plus)", "mirror": [%s], "mirror_separate": [%s], "std_thread": [%s], "library": [%s], "compiler": "%s", "flags": "%s"}\n' \
+    "$(count bench/compile/mirror_nest3.cpp)" "$(count bench/compile/mirror_nest3.cpp -DMIRROR_SEPARATE_COMPILATION)" \
+    "$(count bench/compile/std_thread_nest3.cpp)" "$(count backends/threads/separate_compilation.cpp)" \
+    "$("$cxx" --version | head -1)" "${flags[*]}"
+  exit 0
+fi
 m=() p=() s=() l=()
 for ((i = 0; i < runs; ++i)); do
   m+=("$(seconds bench/compile/mirror_nest3.cpp)")
