@@ -550,14 +550,16 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
     if (is_missing(r)) missing[k++] = r;
   }
   while (missing.size() > k) missing.pop_back();
-  count = k;
   // "0, 1, 2": an id takes at most 11 characters, and ", " before it.
-  char* const list = static_cast<char*>(std::malloc(count * 13 + 1));
+  const std::size_t room = missing.size() * 13 + 1;
+  char* const list = static_cast<char*>(std::malloc(room));
   const detail::message names(list);
   if (list != nullptr) {
-    char* at = list;
-    *at = '\0';
-    for (std::size_t k = 0; k < count; ++k) at += std::sprintf(at, k == 0 ? "%d" : ", %d", missing[k]);
+    std::size_t used = 0;
+    list[0] = '\0';
+    for (std::size_t i = 0; i < missing.size(); ++i) {
+      used += static_cast<std::size_t>(std::snprintf(list + used, room - used, i == 0 ? "%d" : ", %d", missing[i]));
+    }
   }
   std::exception_ptr failure = std::make_exception_ptr(timeout_error(
       woke ? detail::format("mirror: replica %d waits in collective call %llu that replicas {%s} returned from fn "
