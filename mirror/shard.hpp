@@ -6,10 +6,10 @@
 #include <cstddef>
 #include <iterator>
 #include <optional>
-#include <ranges>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <mirror/detail/lean_ranges.hpp>  // <ranges>: the parts used
 #include <mirror/input_context.hpp>
 
 namespace mirror {
@@ -74,8 +74,8 @@ auto shard(R&& range, const InputContext& ctx) {
                                 std::to_string(ctx.num_input_pipelines) +
                                 "; pass the InputContext that distribute_datasets_from_function gave");
   }
-  using V = std::views::all_t<R>;
-  return shard_view<V>(std::views::all(std::forward<R>(range)), ctx.num_input_pipelines, ctx.input_pipeline_id);
+  using V = detail::all_t<R>;
+  return shard_view<V>(detail::all(std::forward<R>(range)), ctx.num_input_pipelines, ctx.input_pipeline_id);
 }
 
 }  // namespace mirror

@@ -28,6 +28,7 @@
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/host_reduce.hpp>
+#include <mirror/detail/lean_ranges.hpp>  // <ranges>: the parts used
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/rethrow_first.hpp>
 #include <mirror/detail/run_result.hpp>
@@ -38,7 +39,6 @@
 #include <mirror/mirrored_variable.hpp>
 #include <mirror/sync_on_read_variable.hpp>
 #include <mirror/variable_aggregation.hpp>
-#include <ranges>
 #include <mirror/per_replica.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/replica_context.hpp>
@@ -434,10 +434,10 @@ class Strategy {
       throw std::invalid_argument(
           detail::format("mirror::InputOptions{.prefetch = %d}: prefetch must be >= 0", options.prefetch).c_str());
     }
-    using V = std::views::all_t<R>;
+    using V = detail::all_t<R>;
     detail::worker_group* g = nullptr;
     if constexpr (multi_worker) g = rt_.workers();
-    return DistributedDataset<V>(std::views::all(std::forward<R>(global_batches)), num_replicas_in_sync(), options,
+    return DistributedDataset<V>(detail::all(std::forward<R>(global_batches)), num_replicas_in_sync(), options,
                                  worker_index() * num_local_replicas(), num_local_replicas(), g);
   }
 
@@ -454,10 +454,10 @@ class Strategy {
     static_assert(std::ranges::input_range<R>,
                   "mirror::Strategy::distribute_datasets_from_function(fn): fn(const InputContext&) must "
                   "return a range of per-replica batches");
-    using V = std::views::all_t<R>;
+    using V = detail::all_t<R>;
     detail::worker_group* g = nullptr;
     if constexpr (multi_worker) g = rt_.workers();
-    return DatasetsFromFunction<V>(std::views::all(dataset_fn(context)), num_local_replicas(), g);
+    return DatasetsFromFunction<V>(detail::all(dataset_fn(context)), num_local_replicas(), g);
   }
 
   /// A `Mirrored<T>` holding one copy of `value` per (local) replica. Multi-worker: collective,
