@@ -31,7 +31,6 @@ template <std::ranges::range R>
 class range_ref : public std::ranges::view_interface<range_ref<R>> {
  public:
   constexpr explicit range_ref(R& range) noexcept : range_(&range) {}
-  constexpr R& base() const noexcept { return *range_; }
   constexpr std::ranges::iterator_t<R> begin() const { return std::ranges::begin(*range_); }
   constexpr std::ranges::sentinel_t<R> end() const { return std::ranges::end(*range_); }
   constexpr auto size() const
@@ -55,7 +54,6 @@ class range_owner : public std::ranges::view_interface<range_owner<R>> {
   range_owner(range_owner&&) = default;
   range_owner& operator=(range_owner&&) = default;
 
-  constexpr R& base() noexcept { return range_; }
   constexpr auto begin() { return std::ranges::begin(range_); }
   constexpr auto end() { return std::ranges::end(range_); }
   constexpr auto begin() const
