@@ -88,11 +88,32 @@ struct leaf_path<> {
     return x;
   }
 };
-template <class Step, class... Rest>
-struct leaf_path<Step, Rest...> {
+// Paths of up to three steps in one function each (a nest three levels deep, the usual depth,
+// then compiles one function per path and constness instead of one per suffix of the path);
+// deeper paths take three steps at a time.
+template <class A>
+struct leaf_path<A> {
   template <class X>
   static constexpr decltype(auto) get(X& x) {
-    return leaf_path<Rest...>::get(Step::get(x));
+    return A::get(x);
+  }
+};
+template <class A, class B>
+struct leaf_path<A, B> {
+  template <class X>
+  static constexpr decltype(auto) get(X& x) {
+    return B::get(A::get(x));
+  }
+};
+template <class A, class B, class C, class... Rest>
+struct leaf_path<A, B, C, Rest...> {
+  template <class X>
+  static constexpr decltype(auto) get(X& x) {
+    if constexpr (sizeof...(Rest) == 0) {
+      return C::get(B::get(A::get(x)));
+    } else {
+      return leaf_path<Rest...>::get(C::get(B::get(A::get(x))));
+    }
   }
 };
 
