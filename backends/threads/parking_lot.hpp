@@ -55,7 +55,9 @@ inline void seq_cst_fence() noexcept {
 /// spin. Cache-line aligned, so that neighbouring lots and counters do not share lines with it.
 class alignas(64) parking_lot {
  public:
-  parking_lot() noexcept {
+  // (Not inlined: a runtime has three lots, and their inlined set-up and tear-down, with the
+  // constructor's clean-up copies, were a third of the runtime constructor's code.)
+  [[gnu::noinline]] parking_lot() noexcept {
     // Timed waits count on the monotonic clock: a change of the wall clock must not end a
     // collective's timeout early or stretch it.
     pthread_condattr_t attr;
@@ -66,7 +68,7 @@ class alignas(64) parking_lot {
   }
   parking_lot(const parking_lot&) = delete;
   parking_lot& operator=(const parking_lot&) = delete;
-  ~parking_lot() {
+  [[gnu::noinline]] ~parking_lot() {
     pthread_cond_destroy(&cv_);
     pthread_mutex_destroy(&mutex_);
   }

@@ -248,6 +248,9 @@ class runtime {
 
   void work(int r);
   static void* worker_main(void* replica) noexcept;
+  [[noreturn, gnu::cold]] static void throw_invalid_argument(int replicas);
+  // Stops the workers started before `replica`'s, frees, and throws the backend_error.
+  [[noreturn, gnu::cold]] void abandon_start(int replica, int failed);
   // Tells workers 1..created to stop, joins them and frees what the constructor allocated.
   void shut_down(int created) noexcept;
   static void free_scratch(per_replica& me) noexcept;
@@ -284,7 +287,8 @@ class runtime {
   // finished without reaching it).
   parking_lot job_lot_, done_lot_, barrier_lot_;
   // Arrays owned here, not by std::unique_ptr or std::thread: each such template brought a
-  // dozen functions that every header-only translation unit compiled.
+  // dozen functions that every header-only translation unit compiled. One block, which
+  // replica_ starts (the constructor).
   per_replica* replica_ = nullptr;  // n_
   slot* slots_ = nullptr;           // 2 rows of n_
   pthread_t* workers_ = nullptr;    // replicas 1..n-1
@@ -308,6 +312,34 @@ class runtime {
 MIRROR_DETAIL_INLINE runtime::runtime(int replicas, std::chrono::milliseconds timeout)
     // (In nanoseconds, capped at a century so that a deadline never overflows.)
     : n_(replicas), timeout_ns_(std::min<std::int64_t>(timeout.count(), 3'155'760'000'000) * 1'000'000) {
+  if (replicas < 1 || timeout.count() <= 0) throw_invalid_argument(replicas);
+  limit_cores(usable_cores());
+  // One block for the replicas' lines, the two rows of slots and the worker handles (all
+  // trivially destructible): nothing to release if the allocation throws, and no new[]
+  // bookkeeping (three arrays and their clean-up were a fifth of the constructor's code).
+  const auto n = static_cast<std::size_t>(n_);
+  void* const block =
+      ::operator new(n * sizeof(per_replica) + 2 * n * sizeof(slot) + (n - 1) * sizeof(pthread_t), std::align_val_t{64});
+  replica_ = static_cast<per_replica*>(block);
+  slots_ = reinterpret_cast<slot*>(replica_ + n);
+  workers_ = reinterpret_cast<pthread_t*>(slots_ + 2 * n);
+  for (std::size_t r = 0; r < n; ++r) {
+    per_replica* const me = ::new (static_cast<void*>(replica_ + r)) per_replica{};
+    me->owner = this;
+    me->index = static_cast<int>(r);
+  }
+  for (std::size_t k = 0; k < 2 * n; ++k) ::new (static_cast<void*>(slots_ + k)) slot{};
+  for (int r = 1; r < n_; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    const int failed = pthread_create(&workers_[i - 1], nullptr, &worker_main, &replica_[i]);
+    if (failed != 0) abandon_start(r, failed);
+  }
+}
+
+// The constructor's errors, out of it: what builds and throws them is compiled once, and the
+// constructor (on no hot path, but in every header-only translation unit) carries no clean-up
+// code for their messages.
+MIRROR_DETAIL_INLINE void runtime::throw_invalid_argument(int replicas) {
   if (replicas < 1) {
     throw std::invalid_argument(
         detail::format(
@@ -315,34 +347,16 @@ MIRROR_DETAIL_INLINE runtime::runtime(int replicas, std::chrono::milliseconds ti
             replicas)
             .c_str());
   }
-  if (timeout.count() <= 0) {
-    throw std::invalid_argument("mirror::devices::Threads{.timeout}: the collective timeout must be positive");
-  }
-  limit_cores(usable_cores());
-  try {
-    replica_ = new per_replica[static_cast<std::size_t>(n_)];
-    slots_ = new slot[2 * static_cast<std::size_t>(n_)];
-    workers_ = new pthread_t[static_cast<std::size_t>(n_ - 1)];
-  } catch (...) {
-    shut_down(0);
-    throw;
-  }
-  for (int r = 0; r < n_; ++r) {
-    replica_[static_cast<std::size_t>(r)].owner = this;
-    replica_[static_cast<std::size_t>(r)].index = r;
-  }
-  for (int r = 1; r < n_; ++r) {
-    const auto i = static_cast<std::size_t>(r);
-    const int failed = pthread_create(&workers_[i - 1], nullptr, &worker_main, &replica_[i]);
-    if (failed != 0) {
-      shut_down(r - 1);
-      throw backend_error(detail::format("mirror::devices::Threads{.replicas = %d}: cannot start the thread of "
-                                         "replica %d (pthread_create: %s); lower .replicas or raise the "
-                                         "process's thread limit (ulimit -u)",
-                                         replicas, r, std::strerror(failed)),
-                          failed);
-    }
-  }
+  throw std::invalid_argument("mirror::devices::Threads{.timeout}: the collective timeout must be positive");
+}
+
+MIRROR_DETAIL_INLINE void runtime::abandon_start(int replica, int failed) {
+  shut_down(replica - 1);
+  throw backend_error(detail::format("mirror::devices::Threads{.replicas = %d}: cannot start the thread of "
+                                     "replica %d (pthread_create: %s); lower .replicas or raise the "
+                                     "process's thread limit (ulimit -u)",
+                                     n_, replica, std::strerror(failed)),
+                      failed);
 }
 
 MIRROR_DETAIL_INLINE runtime::~runtime() { shut_down(n_ - 1); }
@@ -352,12 +366,8 @@ MIRROR_DETAIL_INLINE void runtime::shut_down(int created) noexcept {
   job_.seq.store(job_.seq.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
   job_lot_.wake();
   for (int r = 1; r <= created; ++r) pthread_join(workers_[static_cast<std::size_t>(r - 1)], nullptr);
-  if (replica_ != nullptr) {
-    for (int r = 0; r < n_; ++r) free_scratch(replica_[static_cast<std::size_t>(r)]);
-  }
-  delete[] workers_;
-  delete[] slots_;
-  delete[] replica_;
+  for (int r = 0; r < n_; ++r) free_scratch(replica_[static_cast<std::size_t>(r)]);
+  ::operator delete(replica_, std::align_val_t{64});  // the constructor's block
 }
 
 MIRROR_DETAIL_INLINE void* runtime::worker_main(void* replica) noexcept {
@@ -432,7 +442,7 @@ MIRROR_DETAIL_INLINE void runtime::run_job(void (*job)(const void*, int) noexcep
   next_base_ = job_.base + most;
 }
 
-MIRROR_DETAIL_INLINE const unsigned char* runtime::exchange_groups(int self, const unsigned char* bounce,
+[[gnu::noinline]] MIRROR_DETAIL_INLINE const unsigned char* runtime::exchange_groups(int self, const unsigned char* bounce,
                                                                  std::size_t groups) {
   // Before the payload is written: after a failure a replica may still be reading this row.
   if (cancelled_.load(std::memory_order_acquire)) throw_cancelled();
@@ -540,16 +550,17 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
     return row[r].arrived.load(std::memory_order_acquire) != number &&
            (!woke || replica_[static_cast<std::size_t>(r)].finished.load(std::memory_order_acquire) == epoch);
   };
-  // Counted first, so that the list is built at its size (no growth code); a replica that
-  // arrives between the two passes is left out (pop_back).
+  // Listed once (a replica may arrive meanwhile: two passes could disagree) into room for all,
+  // then copied into the error's vector at its size: no growth or shrink code is compiled.
+  int* const ids = static_cast<int*>(std::malloc(static_cast<std::size_t>(n_) * sizeof(int)));
   std::size_t count = 0;
-  for (int r = 0; r < n_; ++r) count += is_missing(r) ? 1 : 0;
-  std::vector<int> missing(count);
-  std::size_t k = 0;
-  for (int r = 0; r < n_ && k < count; ++r) {
-    if (is_missing(r)) missing[k++] = r;
+  if (ids != nullptr) {
+    for (int r = 0; r < n_; ++r) {
+      if (is_missing(r)) ids[count++] = r;
+    }
   }
-  while (missing.size() > k) missing.pop_back();
+  std::vector<int> missing(ids, ids + count);
+  std::free(ids);
   // "0, 1, 2": an id takes at most 11 characters, and ", " before it.
   const std::size_t room = missing.size() * 13 + 1;
   char* const list = static_cast<char*>(std::malloc(room));
@@ -561,24 +572,30 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
       used += static_cast<std::size_t>(std::snprintf(list + used, room - used, i == 0 ? "%d" : ", %d", missing[i]));
     }
   }
-  std::exception_ptr failure = std::make_exception_ptr(timeout_error(
-      woke ? detail::format("mirror: replica %d waits in collective call %llu that replicas {%s} returned from fn "
-                            "without reaching; every replica must make the same collective calls",
-                            self, static_cast<unsigned long long>(me.calls), names.c_str())
-           : detail::format("mirror: replica %d waited %lld ms in a collective that replicas {%s} did not reach; "
-                            "raise devices::Threads{.timeout} if they are just slow",
-                            self, static_cast<long long>(timeout_ns_ / 1'000'000), names.c_str()),
-      std::move(missing)));
-  // The first replica to time out publishes its error (state 2 before cancelled_, so that a
-  // replica seeing the flag set by it finds the error); a cancel() already under way, or a
-  // second timeout, leaves it to them.
-  int unclaimed = 0;
-  if (failure_state_.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
-    failure_ = failure;
-    failure_state_.store(2, std::memory_order_release);
-    cancel();
+  // Thrown and caught here to keep it (std::current_exception) rather than made with
+  // std::make_exception_ptr: that template's copy of the error was 0.07 G more compiler
+  // instructions in every header-only translation unit.
+  try {
+    // (One format call for both messages: GCC checks both strings against the arguments.)
+    throw timeout_error(
+        detail::format(woke ? "mirror: replica %d waits in collective call %llu that replicas {%s} returned from fn "
+                              "without reaching; every replica must make the same collective calls"
+                            : "mirror: replica %d waited %llu ms in a collective that replicas {%s} did not reach; "
+                              "raise devices::Threads{.timeout} if they are just slow",
+                       self, static_cast<unsigned long long>(woke ? me.calls : timeout_ns_ / 1'000'000), names.c_str()),
+        std::move(missing));
+  } catch (const timeout_error&) {
+    // The first replica to time out publishes its error (state 2 before cancelled_, so that a
+    // replica seeing the flag set by it finds the error); a cancel() already under way, or a
+    // second timeout, leaves it to them.
+    int unclaimed = 0;
+    if (failure_state_.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
+      failure_ = std::current_exception();
+      failure_state_.store(2, std::memory_order_release);
+      cancel();
+    }
+    throw;
   }
-  std::rethrow_exception(failure);
 }
 
 MIRROR_DETAIL_INLINE void runtime::throw_cancelled() const {

@@ -25,10 +25,9 @@ enum class collective_kind : std::uint32_t { all_reduce, broadcast, merge_call }
 struct call_name {
   char text[32];
 };
-MIRROR_DETAIL_INLINE call_name to_string(collective_kind k, int param) noexcept;
-
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-MIRROR_DETAIL_INLINE call_name to_string(collective_kind k, int param) noexcept {
+// (Not inlined: describe_disagreement calls it twice, and its snprintf calls are cold.)
+[[gnu::noinline]] MIRROR_DETAIL_INLINE call_name to_string(collective_kind k, int param) noexcept {
   call_name out{"?"};
   switch (k) {
     case collective_kind::all_reduce: {
@@ -41,6 +40,8 @@ MIRROR_DETAIL_INLINE call_name to_string(collective_kind k, int param) noexcept 
   }
   return out;
 }
+#else
+call_name to_string(collective_kind k, int param) noexcept;
 #endif
 
 /// A leaf size that any size matches (resizable leaves of a broadcast take the source's size).
@@ -100,11 +101,10 @@ inline bool same_call(const collective_check& a, const collective_check& b) noex
 }
 
 /// Whether every replica's check agrees with replica 0's, reading only inline fields. (Not a
-/// template over the exchanged payload: one copy per program, not one per collective type.)
-MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_check>& cs) noexcept;
-
+/// template over the exchanged payload, and not inlined: one copy per program, not one per
+/// collective type.)
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_check>& cs) noexcept {
+[[gnu::noinline]] MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_check>& cs) noexcept {
   const collective_check& c0 = cs[0];
   for (std::size_t r = 1; r < cs.size(); ++r) {
     const collective_check& c = cs[r];
@@ -112,6 +112,8 @@ MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_check>& cs) noexcept 
   }
   return true;
 }
+#else
+bool agree(const exchanged<collective_check>& cs) noexcept;
 #endif
 
 /// The message for a disagreement. Reads other replicas' frames: call it only while they wait.
@@ -124,19 +126,21 @@ MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_ch
   // nest as replica 0's: then both are in disagree(), held at its barrier. (A slot can hold an
   // older check, or none, when a replica left a barrier early; its frame is gone by then.)
   const collective_check& c0 = cs[0];
-  const auto seq = [](const collective_check& c) { return static_cast<unsigned long long>(c.sequence); };
-  const auto nest_name = [](const collective_check& c) { return demangle(c.nest != nullptr ? c.nest->name() : "?"); };
+  const auto seq0 = static_cast<unsigned long long>(c0.sequence);
+  const call_name call0 = to_string(c0.kind, c0.param);
   for (std::size_t r = 1; r < cs.size(); ++r) {
     const collective_check& c = cs[r];
     if (!same_call(c, c0)) {
       return format("mirror: replicas disagree on collective #%llu: replica 0 called %s but replica %zu called %s "
                     "(its collective #%llu); every replica must make the same collective calls in the same order",
-                    seq(c0), to_string(c0.kind, c0.param).text, r, to_string(c.kind, c.param).text, seq(c));
+                    seq0, call0.text, r, to_string(c.kind, c.param).text, static_cast<unsigned long long>(c.sequence));
     }
     if (c.nest == nullptr || c0.nest == nullptr || *c.nest != *c0.nest) {
+      const message nest = demangle(c.nest != nullptr ? c.nest->name() : "?");
+      const message nest0 = demangle(c0.nest != nullptr ? c0.nest->name() : "?");
       return format("mirror: collective #%llu (%s): mismatched nests: replica %zu passed %s but replica 0 passed %s; "
                     "every replica must pass the same nest type",
-                    seq(c0), to_string(c0.kind, c0.param).text, r, nest_name(c).c_str(), nest_name(c0).c_str());
+                    seq0, call0.text, r, nest.c_str(), nest0.c_str());
     }
     if (c.full == nullptr || c0.full == nullptr) continue;
     const collective_header& h0 = *c0.full;
@@ -144,15 +148,14 @@ MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_ch
     for (std::size_t k = 0; k < h0.num_leaves; ++k) {
       const std::size_t a = h0.sizes[k], b = h.sizes[k];
       if (a != b && a != any_size && b != any_size) {
+        const message leaf = demangle(h0.leaf_types[k]->name());
         return format("mirror: collective #%llu (%s): shape mismatch at leaf %zu (%s): %zu elements on replica %zu "
                       "but %zu on replica 0; every replica must pass leaves of the same size",
-                      seq(c0), to_string(c0.kind, c0.param).text, k, demangle(h0.leaf_types[k]->name()).c_str(), b, r,
-                      a);
+                      seq0, call0.text, k, leaf.c_str(), b, r, a);
       }
     }
   }
-  return format("mirror: collective #%llu (%s): replicas disagree on the shapes of the leaves", seq(c0),
-                to_string(c0.kind, c0.param).text);
+  return format("mirror: collective #%llu (%s): replicas disagree on the shapes of the leaves", seq0, call0.text);
 }
 #endif
 
@@ -171,16 +174,21 @@ class collective {
   /// collective also checks that the replicas agree (mirror::shape_error otherwise, on all).
   template <class P>
   exchanged<P> exchange(const P& payload) {
-    if (header_ == nullptr) return rt_->exchange(self_, payload);
     struct with_check {
       collective_check h;
       P p;
     };
-    const auto all = rt_->exchange(self_, with_check{check_of(*header_), payload});
+    // The same layout whether or not this exchange checks (a later exchange of the collective
+    // carries an unread check): one runtime exchange per payload type, not two, in every
+    // translation unit. The first exchange of a collective, the latency path's only one, checks.
+    const collective_header* const header = header_;
     header_ = nullptr;
+    const auto all = rt_->exchange(self_, with_check{header != nullptr ? check_of(*header) : collective_check{}, payload});
     static_assert(offsetof(with_check, h) == 0);
-    const auto checks = all.template member<collective_check>(0);
-    if (!agree(checks)) disagree(checks);
+    if (header != nullptr) {
+      const auto checks = all.template member<collective_check>(0);
+      if (!agree(checks)) disagree(checks);
+    }
     return all.template member<P>(offsetof(with_check, p));
   }
 

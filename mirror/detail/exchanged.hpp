@@ -18,6 +18,8 @@ class exchanged {
     return *reinterpret_cast<const P*>(base_ + r * stride_);
   }
   std::size_t size() const noexcept { return n_; }
+  /// Bytes from one replica's payload to the next's.
+  std::size_t stride() const noexcept { return stride_; }
   /// The view of a member at byte `offset` of each payload.
   template <class M>
   exchanged<M> member(std::size_t offset) const noexcept {

@@ -31,6 +31,9 @@ class replica_errors {
 /// a mirror::error as it is, anything else as a replica_error naming global replica
 /// `first_replica + r`. (Not a member of Strategy: one copy per program, not one per policy.)
 MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replica);
+/// Throws replica_error(replica, what); called from a handler, so the error nests the exception
+/// being handled. (One copy of the throw for rethrow_first's two handlers.)
+[[noreturn]] MIRROR_DETAIL_INLINE void throw_replica_error(int replica, const char* what);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
 MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replica) {
@@ -50,10 +53,14 @@ MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replic
   } catch (const error&) {
     throw;
   } catch (const std::exception& e) {
-    throw replica_error(first_replica + replica, e.what());
+    throw_replica_error(first_replica + replica, e.what());
   } catch (...) {
-    throw replica_error(first_replica + replica, "an exception not derived from std::exception");
+    throw_replica_error(first_replica + replica, "an exception not derived from std::exception");
   }
+}
+
+MIRROR_DETAIL_INLINE void throw_replica_error(int replica, const char* what) {
+  throw replica_error(replica, what);  // nests the exception being handled
 }
 #endif
 
