@@ -195,10 +195,7 @@ class Strategy {
   template <class F, class... Args>
   auto run(F&& fn, Args&&... args) {
     using Result = std::decay_t<decltype(call_fn(fn, std::declval<context_type&>(), 0, args...))>;
-    if (rt_.in_parallel()) {
-      throw error("mirror::Strategy::run: called from inside a replica function or merge_call; "
-                  "runs do not nest — use the replica context's collectives instead");
-    }
+    if (rt_.in_parallel()) throw_nested_run();
     std::size_t index = 0;
     (check_components(args, index++), ...);
     std::lock_guard lock(run_mutex_);
@@ -552,7 +549,7 @@ class Strategy {
     } catch (const detail::collective_cancelled&) {
       // another replica failed first; its error is the one reported
     } catch (...) {
-      errors[static_cast<std::size_t>(r)] = std::current_exception();
+      detail::keep_current_exception(errors, static_cast<std::size_t>(r));
       rt_.cancel();
       // Other workers may wait for this one in a cross-worker collective: tell them now.
       if constexpr (multi_worker) rt_.workers()->report_failure(first_local_replica() + r, errors[static_cast<std::size_t>(r)]);
@@ -563,6 +560,11 @@ class Strategy {
   int first_local_replica() const noexcept { return worker_index() * num_local_replicas(); }
 
   /// Rethrows the lowest replica's error, if any, leaving `errors` empty for the next run.
+  // (Out of run: one copy, not one inlined in every run call.)
+  [[noreturn, gnu::cold, gnu::noinline]] static void throw_nested_run() {
+    throw error("mirror::Strategy::run: called from inside a replica function or merge_call; "
+                "runs do not nest — use the replica context's collectives instead");
+  }
   void rethrow_first(detail::replica_errors& errors) const {
     detail::rethrow_first(errors, first_local_replica());
   }

@@ -27,6 +27,10 @@ class replica_errors {
   std::size_t n_;
 };
 
+/// Keeps the exception being handled as replica r's (Strategy::run's handler calls it: one copy
+/// of the exception_ptr code, not one per replica function).
+MIRROR_DETAIL_INLINE void keep_current_exception(replica_errors& errors, std::size_t r) noexcept;
+
 /// Rethrows the lowest replica's exception, if any, and leaves `errors` empty for the next run:
 /// a mirror::error as it is, anything else as a replica_error naming global replica
 /// `first_replica + r`. (Not a member of Strategy: one copy per program, not one per policy.)
@@ -36,6 +40,10 @@ MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replic
 [[noreturn]] MIRROR_DETAIL_INLINE void throw_replica_error(int replica, const char* what);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE void keep_current_exception(replica_errors& errors, std::size_t r) noexcept {
+  errors[r] = std::current_exception();
+}
+
 MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replica) {
   std::exception_ptr first;
   int replica = 0;
