@@ -185,6 +185,12 @@ def main():
         r = None if per2_big is None or perR is None else (perR / (R * b)) / (per2_big / (2 * big))
         target(f'{R} replicas x 16 MiB: time per byte reduced, relative to 2 replicas x 64 MiB (both out of cache)',
                fmt_ratio(r), '<= 2x', None if r is None else r <= 2)
+        # And where both sides run from the cache: R x 1 MiB (16 MiB or less in all) against 2 x 1 MiB.
+        small_b = 1 * MiB
+        per2_small, perR_small = t('all_reduce', 'default', 2, small_b), t('all_reduce', 'default', R, small_b)
+        r = None if per2_small is None or perR_small is None else (perR_small / R) / (per2_small / 2)
+        target(f'{R} replicas x 1 MiB: time per byte reduced, relative to 2 replicas x 1 MiB (both in cache)',
+               fmt_ratio(r), '<= 2x', None if r is None else r <= 2)
     for pol, label in (('one_device', 'ReductionToOneDevice'), ('hierarchical', 'HierarchicalCopy')):
         for R, b in ((2, big), (8, 16 * MiB)):
             r = ratio(t('all_reduce', pol, R, b), t('all_reduce', 'default', R, b))

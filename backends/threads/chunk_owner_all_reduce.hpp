@@ -74,8 +74,8 @@ struct ChunkOwnerAllReduce {
   // inlined, or GCC copies them into each: 0.08 G fewer compiler instructions for
   // bench/compile/mirror_nest3.cpp).
   static void pack(const untyped_leaves& s, unsigned char* to) noexcept;
-  static void combine_and_unpack(ReduceOp op, const untyped_leaves& s, const unsigned char* first,
-                                 std::size_t stride, std::size_t n) noexcept;
+  static void combine_and_unpack(ReduceOp op, const untyped_leaves& s, unsigned char* acc,
+                                 const unsigned char* first, std::size_t stride, std::size_t n) noexcept;
   template <class Rt>
   static void large(detail::collective<Rt>& c, ReduceOp op, const untyped_leaves& s);
 };
@@ -92,7 +92,9 @@ void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const un
   line mine{};
   pack(s, mine.data);
   const auto all = c.exchange(mine);
-  if (all.size() > 1) combine_and_unpack(op, s, all[0].data, all.stride(), all.size());
+  if (all.size() == 1) return;
+  line acc = all[0];  // a copy of known size, inlined (a copy of s.total elements would be a call)
+  combine_and_unpack(op, s, acc.data, all[0].data, all.stride(), all.size());
 }
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
@@ -106,12 +108,11 @@ void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const un
   }
 }
 
+// acc holds replica 0's payload; the others' follow `first` at `stride`.
 [[gnu::noinline]] MIRROR_DETAIL_INLINE void ChunkOwnerAllReduce::combine_and_unpack(ReduceOp op, const untyped_leaves& s,
-                                                                  const unsigned char* first, std::size_t stride,
-                                                                  std::size_t n) noexcept {
+                                                                  unsigned char* acc, const unsigned char* first,
+                                                                  std::size_t stride, std::size_t n) noexcept {
   const std::size_t size = s.kernels->size;
-  alignas(16) unsigned char acc[latency_bytes];
-  std::memcpy(acc, first, s.total * size);
   for (std::size_t r = 1; r < n; ++r) s.kernels->combine(op, acc, first + r * stride, s.total);
   if (op == ReduceOp::mean) s.kernels->divide(acc, s.total, n);
   const unsigned char* from = acc;
@@ -146,7 +147,10 @@ void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const un
       for (int r = 0; r < n; ++r) std::memcpy(at(r), acc, m * e.size);
     }
   });
-  c.barrier();  // nobody returns (and reuses its buffer) before every slice is written back
+  // Nobody returns (and reuses its buffer) before every slice is written back. The runtime's
+  // barrier: the exchange above made the agreement check, so collective::barrier's checking
+  // exchange would only be code compiled in every translation unit, never run here.
+  c.runtime().barrier(c.self());
 }
 
 static_assert(cross_device_ops<ChunkOwnerAllReduce, devices::Threads>);
