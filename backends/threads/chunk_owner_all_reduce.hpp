@@ -98,7 +98,8 @@ void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const un
 }
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-[[gnu::noinline]] MIRROR_DETAIL_INLINE void ChunkOwnerAllReduce::pack(const untyped_leaves& s, unsigned char* to) noexcept {
+[[gnu::noinline]] MIRROR_DETAIL_INLINE void ChunkOwnerAllReduce::pack(const untyped_leaves& s,
+                                                                    unsigned char* to) noexcept {
   const std::size_t size = s.kernels->size;
   // (An empty leaf may have no address at all: memcpy must not see it.)
   for (std::size_t k = 0; k < s.sizes.size(); ++k) {
@@ -109,9 +110,9 @@ void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const un
 }
 
 // acc holds replica 0's payload; the others' follow `first` at `stride`.
-[[gnu::noinline]] MIRROR_DETAIL_INLINE void ChunkOwnerAllReduce::combine_and_unpack(ReduceOp op, const untyped_leaves& s,
-                                                                  unsigned char* acc, const unsigned char* first,
-                                                                  std::size_t stride, std::size_t n) noexcept {
+[[gnu::noinline]] MIRROR_DETAIL_INLINE void ChunkOwnerAllReduce::combine_and_unpack(
+    ReduceOp op, const untyped_leaves& s, unsigned char* acc, const unsigned char* first, std::size_t stride,
+    std::size_t n) noexcept {
   const std::size_t size = s.kernels->size;
   for (std::size_t r = 1; r < n; ++r) s.kernels->combine(op, acc, first + r * stride, s.total);
   if (op == ReduceOp::mean) s.kernels->divide(acc, s.total, n);

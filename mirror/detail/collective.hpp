@@ -183,7 +183,8 @@ class collective {
     // translation unit. The first exchange of a collective, the latency path's only one, checks.
     const collective_header* const header = header_;
     header_ = nullptr;
-    const auto all = rt_->exchange(self_, with_check{header != nullptr ? check_of(*header) : collective_check{}, payload});
+    const auto all =
+        rt_->exchange(self_, with_check{header != nullptr ? check_of(*header) : collective_check{}, payload});
     static_assert(offsetof(with_check, h) == 0);
     if (header != nullptr) {
       const auto checks = all.template member<collective_check>(0);
