@@ -559,12 +559,13 @@ class Strategy {
   /// The global id of this worker's replica 0.
   int first_local_replica() const noexcept { return worker_index() * num_local_replicas(); }
 
-  /// Rethrows the lowest replica's error, if any, leaving `errors` empty for the next run.
-  // (Out of run: one copy, not one inlined in every run call.)
+  // run's error for a run called inside another (out of run: one copy, not one inlined in every
+  // run call).
   [[noreturn, gnu::cold, gnu::noinline]] static void throw_nested_run() {
     throw error("mirror::Strategy::run: called from inside a replica function or merge_call; "
                 "runs do not nest — use the replica context's collectives instead");
   }
+  /// Rethrows the lowest replica's error, if any, leaving `errors` empty for the next run.
   void rethrow_first(detail::replica_errors& errors) const {
     detail::rethrow_first(errors, first_local_replica());
   }

@@ -557,15 +557,17 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
   };
   // Listed once (a replica may arrive meanwhile: two passes could disagree) into room for all,
   // then copied into the error's vector at its size: no growth or shrink code is compiled.
-  int* const ids = static_cast<int*>(std::malloc(static_cast<std::size_t>(n_) * sizeof(int)));
+  // (Out of memory this throws std::bad_alloc, as building the vector would.)
+  struct id_buffer {  // freed also if the vector below throws
+    int* ids;
+    ~id_buffer() { std::free(ids); }
+  } buffer{static_cast<int*>(std::malloc(static_cast<std::size_t>(n_) * sizeof(int)))};
+  if (buffer.ids == nullptr) throw std::bad_alloc();
   std::size_t count = 0;
-  if (ids != nullptr) {
-    for (int r = 0; r < n_; ++r) {
-      if (is_missing(r)) ids[count++] = r;
-    }
+  for (int r = 0; r < n_; ++r) {
+    if (is_missing(r)) buffer.ids[count++] = r;
   }
-  std::vector<int> missing(ids, ids + count);
-  std::free(ids);
+  std::vector<int> missing(buffer.ids, buffer.ids + count);
   // "0, 1, 2": an id takes at most 11 characters, and ", " before it.
   const std::size_t room = missing.size() * 13 + 1;
   char* const list = static_cast<char*>(std::malloc(room));
