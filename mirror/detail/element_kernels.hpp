@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// An element type's reduction arithmetic as values (its size and three function pointers), so
+// An element type's reduction arithmetic as values (its size and four function pointers), so
 // that an algorithm written over bytes is compiled once for every element type instead of once
 // per type: only the arithmetic, which must see the type to vectorise, is instantiated per type.
 // ops::ChunkOwnerAllReduce and Strategy::reduce's per-leaf work (detail::reduce_leaf) run on it
@@ -16,6 +16,10 @@ struct element_kernels {
   std::size_t size;  // sizeof(E)
   /// combine_into<E> over n elements at byte addresses aligned for E.
   void (*combine)(ReduceOp op, void* dst, const void* src, std::size_t n) noexcept;
+  /// sum_many<E>: dst += src[0], ..., += src[count-1] (E pointers, as const void*; best at most
+  /// combine_pass of them), n elements each, n a multiple of 16 / size. Null where E has no
+  /// vector loop (has_sum_many).
+  void (*sum)(void* dst, const void* const* src, std::size_t count, std::size_t n) noexcept;
   /// divide_all<E> over n elements.
   void (*divide)(void* p, std::size_t n, std::size_t count) noexcept;
   /// The k-th of an array of E* (an array that another replica published: read as E*, which it
@@ -28,13 +32,16 @@ struct element_kernels_of {
   static void combine(ReduceOp op, void* dst, const void* src, std::size_t n) noexcept {
     combine_into(op, static_cast<E*>(dst), static_cast<const E*>(src), n);
   }
+  static void sum(void* dst, const void* const* src, std::size_t count, std::size_t n) noexcept {
+    sum_many(static_cast<E*>(dst), src, count, n);
+  }
   static void divide(void* p, std::size_t n, std::size_t count) noexcept {
     divide_all(static_cast<E*>(p), n, count);
   }
   static unsigned char* leaf(const void* leaves, std::size_t k) noexcept {
     return reinterpret_cast<unsigned char*>(static_cast<E* const*>(leaves)[k]);
   }
-  static constexpr element_kernels value{sizeof(E), &combine, &divide, &leaf};
+  static constexpr element_kernels value{sizeof(E), &combine, has_sum_many<E> ? &sum : nullptr, &divide, &leaf};
 };
 
 }  // namespace mirror::detail
