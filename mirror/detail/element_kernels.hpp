@@ -32,16 +32,13 @@ struct element_kernels_of {
   static void combine(ReduceOp op, void* dst, const void* src, std::size_t n) noexcept {
     combine_into(op, static_cast<E*>(dst), static_cast<const E*>(src), n);
   }
-  static void sum(void* dst, const void* const* src, std::size_t count, std::size_t n) noexcept {
-    sum_many(static_cast<E*>(dst), src, count, n);
-  }
   static void divide(void* p, std::size_t n, std::size_t count) noexcept {
     divide_all(static_cast<E*>(p), n, count);
   }
   static unsigned char* leaf(const void* leaves, std::size_t k) noexcept {
     return reinterpret_cast<unsigned char*>(static_cast<E* const*>(leaves)[k]);
   }
-  static constexpr element_kernels value{sizeof(E), &combine, has_sum_many<E> ? &sum : nullptr, &divide, &leaf};
+  static constexpr element_kernels value{sizeof(E), &combine, has_sum_many<E> ? &sum_many<E> : nullptr, &divide, &leaf};
 };
 
 }  // namespace mirror::detail

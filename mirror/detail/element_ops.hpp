@@ -42,6 +42,14 @@ constexpr E combine(ReduceOp op, E a, E b) noexcept {
   return a;
 }
 
+/// The type whose arithmetic the vector loops use for sums and products: for integers the
+/// unsigned one, whose wrap-around gives the bits of the scalar path's conversion back to E
+/// (vectors of signed char or short add without promotion, and a signed overflow there is
+/// undefined behaviour, which UBSan reports).
+template <class E>
+using wrapping_t = typename std::conditional_t<std::is_integral_v<E>, std::make_unsigned<E>,
+                                               std::type_identity<E>>::type;
+
 /// dst[i] = dst[i] op src[i] for i < n, element-wise, so the bits are a serial loop's.
 ///
 /// The switch is hoisted, and the loop over whole 16-byte groups is written with GCC's vector
@@ -62,24 +70,26 @@ void combine_into(ReduceOp op, E* __restrict dst, const E* __restrict src, std::
   std::size_t i = 0;
   if constexpr (vectors) {
     typedef E group __attribute__((vector_size(16)));
+    typedef wrapping_t<E> wrapping_group __attribute__((vector_size(16)));  // sums and products
     constexpr std::size_t w = 16 / sizeof(E);
     const std::size_t whole = n - n % w;
     // memcpy: the elements need only E's alignment; each is one unaligned load or store.
     group a, b;
-#define MIRROR_DETAIL_GROUPS(RESULT)             \
+    wrapping_group u, v;
+#define MIRROR_DETAIL_GROUPS(A, B, RESULT)       \
   for (; i < whole; i += w) {                    \
-    __builtin_memcpy(&a, dst + i, sizeof a);     \
-    __builtin_memcpy(&b, src + i, sizeof b);     \
-    a = RESULT;                                  \
-    __builtin_memcpy(dst + i, &a, sizeof a);     \
+    __builtin_memcpy(&A, dst + i, sizeof A);     \
+    __builtin_memcpy(&B, src + i, sizeof B);     \
+    A = RESULT;                                  \
+    __builtin_memcpy(dst + i, &A, sizeof A);     \
   }                                              \
   break;
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::mean: MIRROR_DETAIL_GROUPS(a + b)
-      case ReduceOp::prod: MIRROR_DETAIL_GROUPS(a * b)
-      case ReduceOp::min: MIRROR_DETAIL_GROUPS(b < a ? b : a)
-      case ReduceOp::max: MIRROR_DETAIL_GROUPS(a < b ? b : a)
+      case ReduceOp::mean: MIRROR_DETAIL_GROUPS(u, v, u + v)
+      case ReduceOp::prod: MIRROR_DETAIL_GROUPS(u, v, u * v)
+      case ReduceOp::min: MIRROR_DETAIL_GROUPS(a, b, b < a ? b : a)
+      case ReduceOp::max: MIRROR_DETAIL_GROUPS(a, b, a < b ? b : a)
     }
 #undef MIRROR_DETAIL_GROUPS
   }
@@ -117,10 +127,13 @@ inline constexpr bool has_sum_many =
 /// is compiled per element type in every header-only translation unit (README, Performance:
 /// compile time).
 template <class E>
-void sum_many(E* __restrict dst, const void* const* src, std::size_t count, std::size_t n) noexcept {
+void sum_many(void* to, const void* const* src, std::size_t count, std::size_t n) noexcept {
 #if defined(__GNUC__)
   if constexpr (has_sum_many<E>) {
-    typedef E group __attribute__((vector_size(16)));
+    // (dst untyped in the signature: detail::element_kernels points at this function itself,
+    // with no wrapper to compile per element type.)
+    E* __restrict const dst = static_cast<E*>(to);
+    typedef wrapping_t<E> group __attribute__((vector_size(16)));
     constexpr std::size_t w = 16 / sizeof(E);
     // Sources in pairs: with a loop of one source per trip, 4 replicas (3 sources) took 1.5x
     // the time of pairs from DRAM and 1.1x from L3, 2026-11-26.
@@ -142,7 +155,7 @@ void sum_many(E* __restrict dst, const void* const* src, std::size_t count, std:
     }
   }
 #endif
-  (void)dst, (void)src, (void)count, (void)n;
+  (void)to, (void)src, (void)count, (void)n;
 }
 
 /// The value x with x op v == v for every v: the result of reducing nothing.
@@ -178,13 +191,38 @@ constexpr E divide(E x, std::size_t count) noexcept {
 
 template <class E>
 void divide_all(E* p, std::size_t n, std::size_t count) noexcept {
+#if defined(__GNUC__)
+  // Floating types in 16-byte groups, the last one zero-filled (0 / count raises nothing): a
+  // vector division rounds as the scalar one does, and no loop is left for GCC's vectoriser,
+  // whose work on the plain loop below cost every header-only translation unit more compiler
+  // instructions. (Integers have no vector division on x86: they keep the plain loop.)
+  if constexpr (std::is_floating_point_v<E> && sizeof(E) <= 8) {
+    typedef E group __attribute__((vector_size(16)));
+    constexpr std::size_t w = 16 / sizeof(E);
+    const group d = group{} + static_cast<E>(count);
+    std::size_t i = 0;
+    for (; i + w <= n; i += w) {
+      group a;
+      __builtin_memcpy(&a, p + i, sizeof a);
+      a = a / d;
+      __builtin_memcpy(p + i, &a, sizeof a);
+    }
+    if (i < n) {
+      group a{};
+      __builtin_memcpy(&a, p + i, (n - i) * sizeof(E));
+      a = a / d;
+      __builtin_memcpy(p + i, &a, (n - i) * sizeof(E));
+    }
+    return;
+  }
+#endif
   for (std::size_t i = 0; i < n; ++i) p[i] = divide(p[i], count);
 }
 
 // Instantiated once, in libmirror_threads, for a separately compiled program (separate_compilation.hpp).
 #define MIRROR_DETAIL_ELEMENT_OPS_INSTANCES(KIND, E)                                             \
   KIND void combine_into<E>(ReduceOp, E* __restrict, const E* __restrict, std::size_t) noexcept; \
-  KIND void sum_many<E>(E* __restrict, const void* const*, std::size_t, std::size_t) noexcept; \
+  KIND void sum_many<E>(void*, const void* const*, std::size_t, std::size_t) noexcept; \
   KIND void divide_all<E>(E*, std::size_t, std::size_t) noexcept;
 #if MIRROR_DETAIL_EXTERN_TEMPLATES
 MIRROR_DETAIL_FOR_EACH_HOST_ELEMENT(MIRROR_DETAIL_ELEMENT_OPS_INSTANCES, extern template)

@@ -98,7 +98,7 @@ TEMPLATE_TEST_CASE("sum_many adds the sources in order, bit for bit", "[element_
       }
       std::vector<const void*> from(count);
       for (std::size_t j = 0; j < count; ++j) from[j] = src[j].data() + 1;
-      mirror::detail::sum_many(dst.data() + 1, from.data(), count, n);
+      mirror::detail::sum_many<E>(dst.data() + 1, from.data(), count, n);
       REQUIRE(same_bits(std::vector<E>(dst.begin() + 1, dst.end()), expected));
     }
   }
@@ -130,6 +130,23 @@ TEMPLATE_TEST_CASE("reduce_leaf equals a serial loop over the components", "[ele
       mirror::detail::reduce_leaf(op, out.data(), n, from.data(), components, mirror::detail::serial_parallel(),
                                   mirror::detail::element_kernels_of<E>::value);
       REQUIRE(same_bits(out, expected));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("divide_all equals dividing element by element", "[element_ops]", float, double, std::int32_t,
+                   std::int8_t, long double) {
+  using E = TestType;
+  std::mt19937 g(44);
+  for (const std::size_t n : {0, 1, 3, 4, 5, 17, 1001}) {
+    for (const std::size_t count : {1, 3, 7, 200}) {
+      CAPTURE(n, count);
+      std::vector<E> p(n + 1);
+      for (auto& x : p) x = random_value<E>(g, ReduceOp::sum);
+      std::vector<E> expected(p.begin() + 1, p.end());
+      for (auto& x : expected) x = mirror::detail::divide(x, count);
+      mirror::detail::divide_all(p.data() + 1, n, count);
+      REQUIRE(same_bits(std::vector<E>(p.begin() + 1, p.end()), expected));
     }
   }
 }
