@@ -56,10 +56,14 @@ if [[ $instructions == 1 ]]; then
       { cat "$tmp/valgrind.log" >&2; exit 1; }
     grep -o 'Collected : [0-9]*' "$tmp/valgrind.log" | awk '{printf "%.3f", $3 / 1e9}'
   }
+  # (Assignments, not substitutions in printf's arguments: a failed count then stops the script
+  # instead of printing an empty figure.)
+  header=$(count bench/compile/mirror_nest3.cpp)
+  separate=$(count bench/compile/mirror_nest3.cpp -DMIRROR_SEPARATE_COMPILATION)
+  baseline=$(count bench/compile/std_thread_nest3.cpp)
+  library=$(count backends/threads/separate_compilation.cpp)
   printf '{"unit": "G instructions (cc1plus)", "mirror": [%s], "mirror_separate": [%s], "std_thread": [%s], "library": [%s], "compiler": "%s", "flags": "%s"}\n' \
-    "$(count bench/compile/mirror_nest3.cpp)" "$(count bench/compile/mirror_nest3.cpp -DMIRROR_SEPARATE_COMPILATION)" \
-    "$(count bench/compile/std_thread_nest3.cpp)" "$(count backends/threads/separate_compilation.cpp)" \
-    "$("$cxx" --version | head -1)" "${flags[*]}"
+    "$header" "$separate" "$baseline" "$library" "$("$cxx" --version | head -1)" "${flags[*]}"
   exit 0
 fi
 m=() p=() s=() l=()
