@@ -113,9 +113,8 @@ inline constexpr bool has_sum_many =
 
 /// dst[i] = (...(dst[i] + src[0][i]) + ...) + src[count-1][i] for i < n, n a multiple of
 /// 16 / sizeof(E) (whole 16-byte groups): the sources in order, so the bits are a serial
-/// loop's. `src` holds E pointers as `const void*`
-/// (an array that callers of any element type fill); dst overlaps no source. For E with
-/// has_sum_many only.
+/// loop's. `src` holds E pointers as `const void*` (an array that callers of any element type
+/// fill); dst overlaps no source. For E with has_sum_many only.
 ///
 /// Why not count calls of combine_into: each reads one source as a single stream and loads and
 /// stores dst once per source. Reading up to combine_pass sources side by side keeps as many
@@ -123,9 +122,9 @@ inline constexpr bool has_sum_many =
 /// chunk-owner all-reduce of 16 replicas), against a call per source: from L3 (16 MiB in all)
 /// 1.2-1.3x faster, from DRAM (128 MiB) 1.4-1.6x (2026-11-26, best of 30-40 interleaved). For
 /// one source combine_into is faster (a loop over a count of sources took 1.3x its time), so
-/// callers pass two or more. Only sum (and mean, a sum until divided), the reductions of training: every loop here
-/// is compiled per element type in every header-only translation unit (README, Performance:
-/// compile time).
+/// callers pass two or more. Only sum (and mean, a sum until divided), the reductions of
+/// training: every loop here is compiled per element type in every header-only translation
+/// unit (README, Performance: compile time).
 template <class E>
 void sum_many(void* to, const void* const* src, std::size_t count, std::size_t n) noexcept {
 #if defined(__GNUC__)
