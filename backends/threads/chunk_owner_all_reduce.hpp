@@ -22,7 +22,8 @@ namespace mirror::ops {
 /// All-reduce for replicas that share host memory. Each replica owns 1/N of the (packed) range:
 /// it reads that slice from every replica's buffer, combines it in cache, and writes the result
 /// into every buffer — each byte is read once and written once per replica, the minimum memory
-/// traffic (2·N·S bytes for S bytes per replica). Messages of at most one cache line take a
+/// traffic (2·N·S bytes for S bytes per replica); a sum of three or more replicas reads up to
+/// eight of them side by side (detail::sum_many). Messages of at most one cache line take a
 /// latency path instead: the data rides in the exchange itself, so the whole collective is one
 /// barrier.
 ///
