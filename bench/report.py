@@ -311,7 +311,7 @@ set output "{a.out}/all_reduce_bandwidth.png"
 set title "all_reduce, 2 replicas, float: algbw (bytes per replica / time)"
 set logscale x 2
 set logscale y 10
-set xrange [3:96000000]
+set xrange [3:190000000]
 set xtics ("4 B" 4, "64 B" 64, "4 KiB" 4096, "64 KiB" 65536, "1 MiB" 1048576, "16 MiB" 16777216, "64 MiB" 67108864)
 set xlabel "bytes per replica"
 set ylabel "GB/s"
