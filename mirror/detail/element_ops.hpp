@@ -99,7 +99,8 @@ void combine_into(ReduceOp op, E* __restrict dst, const E* __restrict src, std::
   for (; i < n; ++i) dst[i] = combine(op, dst[i], src[i]);
 }
 
-/// How many sources sum_many reads in one pass over dst.
+/// How many sources a caller hands sum_many at a time (it reads all it is given in one pass over
+/// dst): eight streams side by side, and a pointer array that fits on the stack.
 inline constexpr std::size_t combine_pass = 8;
 
 /// Whether sum_many has a vector loop for E (GCC's vector extensions, E at most 8 bytes).
