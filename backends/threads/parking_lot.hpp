@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Spin-then-park waiting. A waiter spins briefly (a collective's partners are usually a few
-// hundred nanoseconds away), then yields, then sleeps on a condition variable, so more replicas
-// than cores still make progress and an idle pool burns no CPU.
+// hundred nanoseconds away; with more replicas than cores it does not spin, runtime::limit_cores),
+// then yields, then sleeps on a condition variable, so more replicas than cores still make
+// progress and an idle pool burns no CPU.
 //
 // Written on POSIX threads and clock_gettime rather than <mutex>, <condition_variable> and
 // <chrono>: the same calls underneath, without the templates around them, which every

@@ -383,19 +383,27 @@ MIRROR_DETAIL_INLINE void runtime::free_scratch(per_replica& me) noexcept {
 }
 
 MIRROR_DETAIL_INLINE void runtime::limit_cores(unsigned cores) noexcept {
-  // Spinning only pays when every replica has a core; oversubscribed, a spinner steals the
-  // time slice of the replica it waits for. With a core each, the spin (pure for 2 us, then
-  // yielding) should outlast a training step's imbalance between replicas: a parked waiter
-  // costs the late replica, the one on the critical path, a futex wake-up, and itself a
-  // scheduler wake-up. Fashion-MNIST, 2 replicas on 2 cores (a VM whose steps jitter by
-  // hundreds of us): a 100 us spin parked in half of the steps' all-reduce barriers, 300 us in
-  // a third, 1 ms in 4 of 470; 2 replicas vs 1 went from 1.30-1.68x to 1.61-1.80x (4
-  // alternated rounds). The pool parks after it, so an idle pool burns nothing.
+  // With a core each, a waiter spins (pure for 2 us, then yielding) long enough to outlast a
+  // training step's imbalance between replicas: a parked waiter costs the late replica, the one
+  // on the critical path, a futex wake-up, and itself a scheduler wake-up. Fashion-MNIST, 2
+  // replicas on 2 cores (a VM whose steps jitter by hundreds of us): a 100 us spin parked in half
+  // of the steps' all-reduce barriers, 300 us in a third, 1 ms in 4 of 470; 2 replicas vs 1 went
+  // from 1.30-1.68x to 1.61-1.80x (4 alternated rounds).
+  //
+  // Oversubscribed, a spinner steals the time slice of a replica queued on its core, perhaps the
+  // one it waits for; so there a waiter does not spin at all. It yields, which runs the replicas
+  // queued behind it, and parks after four yields; parking at once makes every wait a futex
+  // sleep and wake-up (8 replicas' 4-byte all_reduce: 28 us). Against the former 1 us spin and
+  // two yields, 2 cores, 2 alternated rounds (2026-11-26): a 4-byte all_reduce of 3 replicas
+  // 13-17 -> 2.1 us, of 8 replicas 9-11 -> 4.7 us, of 16 replicas 30-32 -> 11-12 us; 16 x 64 KiB
+  // 65-70 -> 36 us; a run of 8 replicas 23-29 -> 10 us, of 16 replicas 47-49 -> 20-27 us.
+  //
+  // Either way the pool parks in the end, so an idle pool burns nothing.
   for (parking_lot* lot : {&job_lot_, &done_lot_, &barrier_lot_}) {
     if (static_cast<unsigned>(n_) <= cores) {
       lot->configure(1'000'000, 8);  // 1 ms
     } else {
-      lot->configure(1'000, 2);  // 1 us
+      lot->configure(0, 4);  // yield, yield, yield, yield, park
     }
   }
 }

@@ -50,7 +50,8 @@ TEST_CASE("16 replicas on a 2-core machine make progress through many collective
 }
 
 TEST_CASE("an idle pool parks instead of spinning", "[threads][pool]") {
-  // Oversubscribed (8 replicas: short spin) and with a core per replica (the long spin, 1 ms).
+  // Oversubscribed (8 replicas: no spin, four yields) and with a core per replica (the long
+  // spin, 1 ms).
   const int cores = static_cast<int>(mirror::threads::usable_cores());
   for (const int replicas : {8, cores}) {
     CAPTURE(replicas);
