@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <optional>
 #include <span>
@@ -129,6 +130,33 @@ class ReplicaContext {
         },
         result);
     const detail::collective_header header = make_header<N>(detail::collective_kind::broadcast, from, shape);
+    if constexpr (!detail::has_device_leaf<N>() && !detail::has_resizable_leaf<N>()) {
+      // A few bytes ride in the exchange itself (Strategy::broadcast_bytes). No leaf is
+      // resizable, so the call's check covers every size the choice depends on: replicas whose
+      // sizes differ may choose differently, but all of them then get the check's shape_error
+      // from the first exchange, before anything is written.
+      std::size_t bytes = 0;
+      detail::for_each_leaf(
+          [&](auto& l) { bytes += leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size_bytes(); }, result);
+      if (bytes <= Strategy::small_broadcast_bytes) {
+        alignas(16) unsigned char packed[Strategy::small_broadcast_bytes];
+        // (An empty leaf may have no address at all: memcpy must not see it.)
+        const auto each_leaf = [&](auto&& move) {
+          std::size_t at = 0;
+          detail::for_each_leaf(
+              [&](auto& l) {
+                const auto e = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
+                if (!e.empty()) move(static_cast<void*>(e.data()), packed + at, e.size_bytes());
+                at += e.size_bytes();
+              },
+              result);
+        };
+        if (self_ == from) each_leaf([](void* leaf, unsigned char* slot, std::size_t n) { std::memcpy(slot, leaf, n); });
+        strategy_->broadcast_bytes(self_, from, header, packed, bytes);
+        if (self_ != from) each_leaf([](void* leaf, unsigned char* slot, std::size_t n) { std::memcpy(leaf, slot, n); });
+        return result;
+      }
+    }
     // The source's sizes are read from its frame; it waits in the copy exchange below meanwhile.
     const std::size_t* root_sizes = strategy_->exchange_sizes(self_, header, sizes.data());
     if (self_ != from) {

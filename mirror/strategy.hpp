@@ -6,6 +6,7 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <new>
@@ -608,6 +609,26 @@ class Strategy {
     detail::collective<runtime_type> c(rt_, self, header);
     ops_.all_reduce(c, op, detail::segment_list<runtime_type, E>{leaves, sizes, total});
     for (std::size_t k = 0; k < K; ++k) rt_.detach(self, leaves[k], host[k]);
+  }
+
+  /// A broadcast of at most this many bytes, on host leaves none of which is resizable, carries
+  /// the source's bytes in its one exchange (broadcast_bytes).
+  static constexpr std::size_t small_broadcast_bytes = 64;
+
+  // The source's `n` bytes (n <= small_broadcast_bytes, packed leaves) ride in the exchange that
+  // checks the call: one barrier, where exchange_sizes and broadcast_leaves take three. Read
+  // after it, like the all-reduce's latency path: a replica's slot keeps its payload until the
+  // next exchange, which cannot complete before every replica has returned from this one.
+  void broadcast_bytes(int self, int from, const detail::collective_header& header, unsigned char* bytes,
+                       std::size_t n) {
+    struct alignas(16) line {
+      unsigned char data[small_broadcast_bytes];
+    };
+    line mine{};
+    if (self == from) std::memcpy(mine.data, bytes, n);
+    detail::collective<runtime_type> c(rt_, self, &header);
+    const auto all = c.exchange(mine);
+    if (self != from) std::memcpy(bytes, all[static_cast<std::size_t>(from)].data, n);
   }
 
   const std::size_t* exchange_sizes(int self, const detail::collective_header& header, const std::size_t* sizes) {

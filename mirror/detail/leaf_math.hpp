@@ -80,6 +80,13 @@ consteval bool has_device_leaf() {
   return []<class... Ls>(type_list<Ls...>) { return (false || ... || device_resident_leaf<Ls>); }(leaf_types_t<T>{});
 }
 
+/// True when some leaf of nest T is resizable (leaf_traits::resizable: broadcast gives it the
+/// source's size).
+template <class T>
+consteval bool has_resizable_leaf() {
+  return []<class... Ls>(type_list<Ls...>) { return (false || ... || leaf_traits<Ls>::resizable); }(leaf_types_t<T>{});
+}
+
 template <class T>
 consteval bool all_leaves_floating() {
   return []<class... Ls>(type_list<Ls...>) {

@@ -253,6 +253,98 @@ TEST_CASE("conformance: broadcast gives every replica the source's value", CONFO
   }
 }
 
+TEST_CASE("conformance: a broadcast of a few bytes (none resizable) gives every replica the source's value",
+          CONFORMANCE_TAG) {
+  // Up to Strategy::small_broadcast_bytes (64) the bytes ride in the call's one exchange; from
+  // 65 on they take the general path. The span's length walks across that line: 4 + 8 + 1 + 8k
+  // bytes in all, k = 0 (an empty span), 1, 6 (61 bytes), 7 (69) and 16.
+  for (const int R : {1, 2, 3, 7}) {
+    if (!(CONFORMANCE_SUPPORTS(R))) continue;
+    auto& s = conformance::strategy_with(R);
+    for (const std::size_t k : {0, 1, 6, 7, 16}) {
+      for (int from = 0; from < R; ++from) {
+        CAPTURE(R, k, from);
+        std::vector<std::vector<double>> views(static_cast<std::size_t>(R), std::vector<double>(k));
+        const auto out = s.run([&](auto& ctx) {
+          const int r = ctx.replica_id_in_sync_group();
+          auto& view = views[static_cast<std::size_t>(r)];
+          for (std::size_t i = 0; i < view.size(); ++i) view[i] = r * 1000.0 + double(i) + 0.25;
+          std::tuple<int, std::array<float, 2>, bool, std::span<double>> v{
+              r * 7 - 3, {float(r) + 0.5f, -float(r)}, r % 2 == 1, std::span<double>(view)};
+          return ctx.broadcast(v, from);
+        });
+        for (const auto& copy : out) {
+          REQUIRE(std::get<0>(copy) == from * 7 - 3);
+          REQUIRE(std::get<1>(copy) == std::array<float, 2>{float(from) + 0.5f, -float(from)});
+          REQUIRE(std::get<2>(copy) == (from % 2 == 1));
+        }
+        for (const auto& view : views) {
+          for (std::size_t i = 0; i < view.size(); ++i) REQUIRE(view[i] == from * 1000.0 + double(i) + 0.25);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("conformance: many small broadcasts between other collectives each deliver their own value",
+          CONFORMANCE_TAG) {
+  // A replica reads the source's bytes after the exchange; the source is meanwhile in the next
+  // collective. A broadcast from each replica in turn, an all_reduce and a broadcast of a
+  // double, 300 times: a value read from the wrong call would show.
+  for (const int R : {2, 3, 7}) {
+    if (!(CONFORMANCE_SUPPORTS(R))) continue;
+    auto& s = conformance::strategy_with(R);
+    CAPTURE(R);
+    const auto out = s.run([&](auto& ctx) {
+      const int r = ctx.replica_id_in_sync_group();
+      int bad = 0;
+      for (int step = 0; step < 300; ++step) {
+        const int from = step % R;
+        if (*ctx.broadcast(r * 100'000 + step, from) != from * 100'000 + step) ++bad;
+        if (*ctx.all_reduce(ReduceOp::sum, 1) != R) ++bad;
+        if (*ctx.broadcast(double(step) + 0.5 * r, R - 1 - from) != double(step) + 0.5 * (R - 1 - from)) ++bad;
+      }
+      return bad;
+    });
+    for (const int bad : out) REQUIRE(bad == 0);
+  }
+}
+
+TEST_CASE("conformance: a small broadcast whose replicas disagree on a size is a shape_error everywhere",
+          CONFORMANCE_TAG) {
+  // Spans of 16 and 17 floats: 64 bytes (the exchange's path) against 68 (the general one), and
+  // 3 against 4 (both small). Every replica throws and no span changes.
+  for (const int R : {2, 3}) {
+    if (!(CONFORMANCE_SUPPORTS(R))) continue;
+    auto& s = conformance::strategy_with(R);
+    for (const std::size_t n : {std::size_t{16}, std::size_t{3}}) {
+      CAPTURE(R, n);
+      std::vector<std::vector<float>> buffers(static_cast<std::size_t>(R));
+      for (int r = 0; r < R; ++r) buffers[static_cast<std::size_t>(r)].assign(r == R - 1 ? n + 1 : n, float(r));
+      const auto before = buffers;
+      std::atomic<int> raised{0};
+      try {
+        s.run([&](auto& ctx) {
+          try {
+            ctx.broadcast(std::span<float>(buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())]));
+          } catch (const mirror::shape_error&) {
+            ++raised;
+            throw;
+          }
+        });
+        FAIL("no shape_error");
+      } catch (const mirror::shape_error& e) {
+        REQUIRE_THAT(e.what(), Catch::Contains(std::to_string(n + 1) + " elements on replica " + std::to_string(R - 1)));
+      }
+      REQUIRE(raised == R);
+      REQUIRE(buffers == before);
+    }
+    // the strategy is still usable
+    const auto ok = s.run([](auto& ctx) { return ctx.broadcast(ctx.replica_id_in_sync_group() + 1, 1); });
+    for (const int v : ok) REQUIRE(v == 2);
+  }
+}
+
 TEST_CASE("conformance: replicas that disagree get a shape_error on every replica and nothing changes",
           CONFORMANCE_TAG) {
   for (const int R : {2, 3, 7}) {
