@@ -122,12 +122,14 @@ class ReplicaContext {
   N local_broadcast(N result, int from) {
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> sizes{}, shape{};  // shape: what must agree (resizable leaves need not)
-    std::size_t k = 0;
+    std::size_t k = 0, bytes = 0;
     detail::for_each_leaf(
         [&](auto& l) {
           using L = std::remove_cvref_t<decltype(l)>;
-          sizes[k] = leaf_traits<L>::elements(l).size();
+          const auto e = leaf_traits<L>::elements(l);
+          sizes[k] = e.size();
           shape[k] = leaf_traits<L>::resizable ? detail::any_size : sizes[k];
+          bytes += e.size_bytes();
           ++k;
         },
         result);
@@ -137,9 +139,6 @@ class ReplicaContext {
       // resizable, so the call's check covers every size the choice depends on: replicas whose
       // sizes differ may choose differently, but all of them then get the check's shape_error
       // from the first exchange, before anything is written.
-      std::size_t bytes = 0;
-      detail::for_each_leaf(
-          [&](auto& l) { bytes += leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size_bytes(); }, result);
       if (bytes <= Strategy::small_broadcast_bytes) {
         alignas(16) unsigned char packed[Strategy::small_broadcast_bytes];
         // (An empty leaf may have no address at all: memcpy must not see it.)
