@@ -10,7 +10,8 @@
 #include <mirror/concepts/device.hpp>
 #include <mirror/config.hpp>
 #include <mirror/default_ops.hpp>
-#include <mirror/detail/lean_std.hpp>  // std::chrono durations, std::unique_ptr
+#include <mirror/detail/lean_std.hpp>  // std::chrono durations
+#include <mirror/detail/owned.hpp>
 #include <mirror/detail/worker_group.hpp>
 #if MIRROR_HAS_NCCL
 #include <backends/nccl/nccl_all_reduce.hpp>  // devices::Cuda, ops::NcclAllReduce: Cluster<Cuda>'s ops
@@ -76,7 +77,7 @@ struct Cluster {
 
     explicit runtime(const Cluster& c)
         : runtime_t<Local>(local_policy(c)),
-          group_(std::make_unique<mpi::group>(mpi::group_options{
+          group_(new mpi::group(mpi::group_options{
               c.comm, runtime_t<Local>::num_replicas(), c.timeout, c.validate_shapes})) {
       // Workers on one host share its cores: a pool that counted them all would spin through
       // the time slices of the other workers' replicas and of its own communication thread.
@@ -100,7 +101,7 @@ struct Cluster {
       }
       return l;
     }
-    std::unique_ptr<mpi::group> group_;
+    detail::owned<mpi::group> group_;
   };
 };
 

@@ -809,7 +809,7 @@ struct group::impl {
   }
 };
 
-group::group(const group_options& o) : impl_(std::make_unique<impl>()) {
+group::group(const group_options& o) : impl_(new impl()) {
   impl& m = *impl_;
   if (o.timeout.count() <= 0) {
     throw std::invalid_argument("mirror::devices::Cluster{.timeout = " + std::to_string(o.timeout.count()) +

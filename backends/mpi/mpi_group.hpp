@@ -7,7 +7,8 @@
 
 #include <exception>
 #include <backends/mpi/communicator.hpp>
-#include <mirror/detail/lean_std.hpp>  // std::chrono durations, std::unique_ptr
+#include <mirror/detail/lean_std.hpp>  // std::chrono durations
+#include <mirror/detail/owned.hpp>
 #include <mirror/detail/worker_group.hpp>
 
 namespace mirror::mpi {
@@ -53,7 +54,7 @@ class group final : public detail::worker_group {
 
  private:
   struct impl;
-  std::unique_ptr<impl> impl_;
+  detail::owned<impl> impl_;
 };
 
 }  // namespace mirror::mpi

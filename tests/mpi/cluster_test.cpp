@@ -113,6 +113,27 @@ TEST_CASE("cluster: each worker's pool counts its share of the host's cores", "[
   }
 }
 
+TEST_CASE("cluster: a non-positive timeout is an invalid_argument on every worker, and nothing is left behind",
+          "[mpi]") {
+  // Thrown by the group's constructor after it allocated its state: the state is freed (the
+  // owner is a complete member by then) and a strategy built afterwards works.
+  for (const auto timeout : {std::chrono::milliseconds(0), std::chrono::milliseconds(-5)}) {
+    CAPTURE(timeout.count());
+    try {
+      Strategy bad{Cluster{.local = {.replicas = 1}, .timeout = timeout}};
+      FAIL("no error");
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      CHECK(what.find("mirror::devices::Cluster{.timeout = " + std::to_string(timeout.count()) + " ms}") !=
+            std::string::npos);
+      CHECK(what.find("must be positive") != std::string::npos);
+    }
+  }
+  Strategy& s = strategy_with(1);
+  const auto total = s.reduce(mirror::ReduceOp::sum, s.run([](auto&) { return 1; }));
+  CHECK(total == world_size());
+}
+
 TEST_CASE("cluster: ids, counts and roles", "[mpi]") {
   const int W = world_size(), w = world_rank();
   for (const int R : {1, 2}) {
