@@ -136,7 +136,12 @@ inline std::string write_atomically(const std::string& path, const std::vector<c
   return {};
 }
 
-inline std::string read_all(const std::string& path, std::vector<char>& bytes) {
+/// Appends the contents of `path` to `bytes` (a std::vector<char>). Returns an error text, empty
+/// on success. (A template only so that its body, which instantiates vector<char>'s range
+/// insert, is compiled where restore is used rather than in every file including
+/// <mirror/mirror.hpp>: 0.03 G compiler instructions each.)
+template <class Bytes>
+std::string read_all(const std::string& path, Bytes& bytes) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return "cannot open " + path + ": " + std::strerror(errno);
   char buf[1 << 16];
