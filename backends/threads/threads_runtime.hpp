@@ -274,9 +274,9 @@ class runtime {
   // that caught the error inside fn and went on would leave its arrival in a slot that a late
   // replica then takes for this collective's, and the two would pair different collectives.
   // The message is built out of line: arrive() is on every collective's path.
-  [[noreturn]] void throw_timeout(int self, bool woke, std::uint64_t number, std::uint64_t epoch);
+  [[noreturn, gnu::cold]] void throw_timeout(int self, bool woke, std::uint64_t number, std::uint64_t epoch);
   // What an exchange/barrier of a cancelled call throws.
-  [[noreturn]] void throw_cancelled() const;
+  [[noreturn, gnu::cold]] void throw_cancelled() const;
 
   inline static thread_local const runtime* current = nullptr;
 

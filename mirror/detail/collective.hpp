@@ -117,7 +117,7 @@ bool agree(const exchanged<collective_check>& cs) noexcept;
 #endif
 
 /// The message for a disagreement. Reads other replicas' frames: call it only while they wait.
-MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_check>& cs);
+[[gnu::cold]] MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_check>& cs);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
 MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_check>& cs) {
@@ -204,7 +204,7 @@ class collective {
 
  private:
   // Out of exchange<P>: one copy per runtime, not one per payload type.
-  [[noreturn]] void disagree(const exchanged<collective_check>& checks) {
+  [[noreturn, gnu::cold]] void disagree(const exchanged<collective_check>& checks) {
     // Every replica sees the same checks, so all of them are here; none may unwind (and free
     // the headers and sizes the others read) before all have built the message.
     const message text = describe_disagreement(checks);

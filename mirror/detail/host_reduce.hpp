@@ -45,7 +45,7 @@ shape_mismatch first_shape_mismatch(const T& a, const T& b) {
 }
 
 /// reduce_components' shape error: component r's leaf m.leaf differs from component 0's.
-[[noreturn]] MIRROR_DETAIL_INLINE void throw_component_shape_error(const char* api, const shape_mismatch& m,
+[[noreturn, gnu::cold]] MIRROR_DETAIL_INLINE void throw_component_shape_error(const char* api, const shape_mismatch& m,
                                                                   std::size_t r);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS

@@ -37,7 +37,7 @@ MIRROR_DETAIL_INLINE void keep_current_exception(replica_errors& errors, std::si
 MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replica);
 /// Throws replica_error(replica, what); called from a handler, so the error nests the exception
 /// being handled. (One copy of the throw for rethrow_first's two handlers.)
-[[noreturn]] MIRROR_DETAIL_INLINE void throw_replica_error(int replica, const char* what);
+[[noreturn, gnu::cold]] MIRROR_DETAIL_INLINE void throw_replica_error(int replica, const char* what);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
 MIRROR_DETAIL_INLINE void keep_current_exception(replica_errors& errors, std::size_t r) noexcept {

@@ -18,7 +18,7 @@ namespace mirror::detail {
 /// The demangled name of a mangled type name (`typeid(T).name()`), or the name itself where it
 /// does not demangle. A detail::message, so that the error paths that name types need no
 /// std::string (detail/format.hpp says why).
-MIRROR_DETAIL_INLINE message demangle(const char* mangled);
+[[gnu::cold]] MIRROR_DETAIL_INLINE message demangle(const char* mangled);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
 MIRROR_DETAIL_INLINE message demangle(const char* mangled) {
