@@ -113,10 +113,12 @@ TEST_CASE("cluster: each worker's pool counts its share of the host's cores", "[
   }
 }
 
-TEST_CASE("cluster: a non-positive timeout is an invalid_argument on every worker, and nothing is left behind",
+TEST_CASE("cluster: a non-positive timeout is an invalid_argument on every worker, and a later strategy works",
           "[mpi]") {
-  // Thrown by the group's constructor after it allocated its state: the state is freed (the
-  // owner is a complete member by then) and a strategy built afterwards works.
+  // Thrown by the group's constructor after it allocated its state, which its owner (a complete
+  // member by then) frees. The MPI runs keep LeakSanitizer off (Open MPI's own allocations);
+  // with it on for this case alone, a detail::owned that did not delete shows a leak allocated
+  // at group::group, and the real one none.
   for (const auto timeout : {std::chrono::milliseconds(0), std::chrono::milliseconds(-5)}) {
     CAPTURE(timeout.count());
     try {
