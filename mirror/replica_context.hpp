@@ -140,20 +140,20 @@ class ReplicaContext {
       // sizes differ may choose differently, but all of them then get the check's shape_error
       // from the first exchange, before anything is written.
       if (bytes <= Strategy::small_broadcast_bytes) {
-        alignas(16) unsigned char packed[Strategy::small_broadcast_bytes];
+        typename Strategy::small_broadcast_line packed{};
         // (An empty leaf may have no address at all: memcpy must not see it.)
         const auto each_leaf = [&](auto&& move) {
           std::size_t at = 0;
           detail::for_each_leaf(
               [&](auto& l) {
                 const auto e = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
-                if (!e.empty()) move(static_cast<void*>(e.data()), packed + at, e.size_bytes());
+                if (!e.empty()) move(static_cast<void*>(e.data()), packed.data + at, e.size_bytes());
                 at += e.size_bytes();
               },
               result);
         };
         if (self_ == from) each_leaf([](void* leaf, unsigned char* slot, std::size_t n) { std::memcpy(slot, leaf, n); });
-        strategy_->broadcast_bytes(self_, from, header, packed, bytes);
+        strategy_->broadcast_bytes(self_, from, header, packed);
         if (self_ != from) each_leaf([](void* leaf, unsigned char* slot, std::size_t n) { std::memcpy(leaf, slot, n); });
         return result;
       }

@@ -6,7 +6,6 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
-#include <cstring>
 #include <exception>
 #include <mutex>
 #include <new>
@@ -614,21 +613,19 @@ class Strategy {
   /// A broadcast of at most this many bytes, on host leaves none of which is resizable, carries
   /// the source's bytes in its one exchange (broadcast_bytes).
   static constexpr std::size_t small_broadcast_bytes = 64;
+  /// Such a broadcast's payload: the source's leaves packed (ReplicaContext::local_broadcast).
+  struct small_broadcast_line {
+    alignas(16) unsigned char data[small_broadcast_bytes];
+  };
 
-  // The source's `n` bytes (n <= small_broadcast_bytes, packed leaves) ride in the exchange that
-  // checks the call: one barrier, where exchange_sizes and broadcast_leaves take three. Read
-  // after it, like the all-reduce's latency path: a replica's slot keeps its payload until the
-  // next exchange, which cannot complete before every replica has returned from this one.
-  void broadcast_bytes(int self, int from, const detail::collective_header& header, unsigned char* bytes,
-                       std::size_t n) {
-    struct alignas(16) line {
-      unsigned char data[small_broadcast_bytes];
-    };
-    line mine{};
-    if (self == from) std::memcpy(mine.data, bytes, n);
+  // The source's line rides in the exchange that checks the call: one barrier, where
+  // exchange_sizes and broadcast_leaves take three. The others take it in place of theirs. Read
+  // after the exchange, like the all-reduce's latency path: a replica's slot keeps its payload
+  // until the next exchange, which cannot complete before every replica has returned from this one.
+  void broadcast_bytes(int self, int from, const detail::collective_header& header, small_broadcast_line& line) {
     detail::collective<runtime_type> c(rt_, self, &header);
-    const auto all = c.exchange(mine);
-    if (self != from) std::memcpy(bytes, all[static_cast<std::size_t>(from)].data, n);
+    const auto all = c.exchange(line);
+    if (self != from) line = all[static_cast<std::size_t>(from)];
   }
 
   const std::size_t* exchange_sizes(int self, const detail::collective_header& header, const std::size_t* sizes) {
