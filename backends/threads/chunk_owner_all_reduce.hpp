@@ -35,8 +35,20 @@ struct ChunkOwnerAllReduce {
   /// Messages up to this many bytes (a float or double scalar, two floats) travel in the same
   /// cache line as the exchange's arrival number and agreement check: one line per replica.
   static constexpr std::size_t scalar_bytes = 8;
-  /// Elements combined per block; 8 KiB of floats stays in L1 while it is written out N times.
+  /// Bytes of each replica's buffer combined per block: 8 KiB stays in L1 while it is written
+  /// out N times.
   static constexpr std::size_t block_bytes = 8192;
+  /// With this many replicas or more, blocks of wide_block_bytes instead: N x 32 KiB (512 KiB
+  /// at 16 replicas) still fits a 1 MiB L2, so the write-back hits there; and each of the 8
+  /// sources read side by side runs 4x longer before the next block's, which streams from DRAM
+  /// faster. A standalone copy of the loop, 2 threads taking the owners' slices in turn, 16 MiB
+  /// per replica, 21 interleaved rounds: 16 replicas moved 1.10x, 8 replicas 1.06x the bytes per
+  /// second of 8 KiB blocks, 4 replicas the same; 2 replicas lost (1.25x the time from L3, 1.06x
+  /// from DRAM), so fewer than 8 keep 8 KiB. 24-48 KiB blocks were alike, 64 KiB and up slower
+  /// (the write-back leaves L2). (2026-11-26; mirror's own figures: README, Performance.) The
+  /// block is on the stack: 32 KiB of every replica's, the caller's thread's included.
+  static constexpr int wide_block_replicas = 8;
+  static constexpr std::size_t wide_block_bytes = 32768;
 
   friend bool operator==(const ChunkOwnerAllReduce&, const ChunkOwnerAllReduce&) = default;
 
@@ -135,9 +147,10 @@ void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const un
   const int n = c.num_replicas();
   if (n == 1) return;
   const detail::element_kernels& e = *s.kernels;
-  const std::size_t block = std::max<std::size_t>(1, block_bytes / e.size);  // elements
-  alignas(64) unsigned char acc[block_bytes];
-  static_assert(block_bytes >= 16, "a block holds at least one element of every type");
+  const std::size_t block =  // elements
+      std::max<std::size_t>(1, (n >= wide_block_replicas ? wide_block_bytes : block_bytes) / e.size);
+  alignas(64) unsigned char acc[wide_block_bytes];
+  static_assert(block_bytes >= 16 && block_bytes <= wide_block_bytes, "a block holds at least one element of every type");
   const auto [a, b] = detail::chunk_of(0, s.total, c.self(), n, e.size);
   detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t) {
     for (std::size_t i = off; i < off + len; i += block) {

@@ -16,11 +16,12 @@ TEMPLATE_TEST_CASE("chunk owner: 1-, 2- and 16-byte elements equal a serial refe
                    "[threads][chunk_owner]", std::int8_t, std::uint16_t, long double) {
   using E = TestType;
   using Nest = std::tuple<std::vector<E>, std::vector<E>>;
-  for (const int R : {2, 3, 7}) {
+  for (const int R : {2, 3, 7, 8}) {
     mirror::Strategy<mirror::devices::Threads, mirror::ops::ChunkOwnerAllReduce> s(
         mirror::test::make_device<mirror::devices::Threads>(R));
-    // (first leaf, second leaf): a 2-byte scalar line, one cache line, several 8 KiB blocks.
-    const std::pair<std::size_t, std::size_t> shapes[] = {{1, 1}, {3, 1}, {2, 0}, {13, 7}, {5000, 3001}};
+    // (first leaf, second leaf): a 2-byte scalar line, one cache line, several 8 KiB blocks,
+    // and (8 replicas: 32 KiB blocks) several wide blocks of long double.
+    const std::pair<std::size_t, std::size_t> shapes[] = {{1, 1}, {3, 1}, {2, 0}, {13, 7}, {5000, 3001}, {40000, 30001}};
     for (const auto& [n1, n2] : shapes) {
       for (const auto op : mirror::test::all_ops) {
         CAPTURE(R, n1, n2, mirror::to_string(op));
@@ -47,7 +48,9 @@ TEMPLATE_TEST_CASE("chunk owner: 1-, 2- and 16-byte elements equal a serial refe
 // The suite's inputs are small integers, exact in any order of addition. Sums of 3 or more
 // replicas read the other replicas side by side (detail::sum_many); with floats of mixed
 // magnitudes any change in the order of the additions would show in the bits. Lengths that are
-// not whole 16-byte groups, so that some blocks take the one-at-a-time path.
+// not whole 16-byte groups, so that some blocks take the one-at-a-time path; and long enough
+// (300007) that with 9 and 16 replicas each owner combines several 32 KiB blocks, the last
+// one ragged.
 TEMPLATE_TEST_CASE("chunk owner: sums and means of many replicas add in replica order, bit for bit",
                    "[threads][chunk_owner]", float, double) {
   using E = TestType;
@@ -56,7 +59,7 @@ TEMPLATE_TEST_CASE("chunk owner: sums and means of many replicas add in replica 
   for (const int R : {3, 4, 9, 16}) {
     mirror::Strategy<mirror::devices::Threads, mirror::ops::ChunkOwnerAllReduce> s(
         mirror::test::make_device<mirror::devices::Threads>(R));
-    for (const std::size_t n : {std::size_t{4096}, std::size_t{3 * 2048 + 5}}) {
+    for (const std::size_t n : {std::size_t{4096}, std::size_t{3 * 2048 + 5}, std::size_t{300007}}) {
       for (const auto op : {mirror::ReduceOp::sum, mirror::ReduceOp::mean}) {
         CAPTURE(R, n, mirror::to_string(op));
         std::vector<std::vector<E>> buffers(static_cast<std::size_t>(R), std::vector<E>(n));
