@@ -6,6 +6,11 @@
 //                     as a user would (element loop, replicas in order)
 //   impl:copy         a streaming copy of the same bytes (each thread memcpy's its 1/R of every
 //                     buffer into a second set): the memory-bandwidth bound, 2*R*S bytes moved
+//   impl:in_place     each thread adds 1 to its 1/R of every buffer, in place, in 16-byte
+//                     vectors: the memory traffic of an in-place all-reduce (every byte read
+//                     and written once) and nothing else, so the floor for any of them. Its
+//                     own ratios (R x S against 2 x S) show what the memory hierarchy alone
+//                     imposes on the oversubscription targets (bench/report.py)
 // Axes: impl, type, replicas, bytes (per replica). Counters: bytes_per_second = algbw, busbw
 // (nccl-tests), databw = R*S / time (every replica's bytes per second).
 #include <cstring>
@@ -58,6 +63,25 @@ void copy_kernel(benchmark::State& state, int replicas, std::size_t bytes) {
   data_counter(state, replicas, n * sizeof(E));
 }
 
+void in_place_bound(benchmark::State& state, int replicas, std::size_t bytes) {
+  const std::size_t n = std::max<std::size_t>(16, bytes / sizeof(float));
+  bench::buffers<float> buf(replicas, n);
+  typedef float group __attribute__((vector_size(16)));  // 4 floats; chunks are whole lines
+  bench::team_loop(state, replicas, [&](int r) {
+    const auto [lo, hi] = bench::chunk<float>(n, r, replicas);
+    for (int q = 0; q < replicas; ++q) {
+      float* const p = buf[q];  // (a local: the stores could alias buf's own pointers)
+      for (std::size_t i = lo; i + 4 <= hi; i += 4) {
+        group v;
+        std::memcpy(&v, p + i, sizeof v);
+        v += 1.0f;  // (not an identity GCC may fold away: the loads and stores stay)
+        std::memcpy(p + i, &v, sizeof v);
+      }
+    }
+  });
+  data_counter(state, replicas, n * sizeof(float));
+}
+
 template <class E>
 void add_all(const std::vector<int>& replica_counts, const std::vector<std::size_t>& sizes, bool fallbacks,
              bool baselines, bool with_default = true) {
@@ -90,6 +114,13 @@ int main(int argc, char** argv) {
     // Oversubscribed: 8 and 16 replicas on the same cores.
     add_all<float>({8, 16}, {4, 64 * KiB, MiB, 16 * MiB}, false, true);
     add_all<float>({8}, {16 * MiB}, true, false, false);  // the other policies (default: above)
+    // The in-place bound at the sizes of the oversubscription targets.
+    for (int r : {2, 8, 16}) {
+      for (std::size_t b : {MiB, 16 * MiB}) {
+        bench::add(bench::name("all_reduce", "in_place", bench::type_name<float>, r, b),
+                   [=](benchmark::State& s) { in_place_bound(s, r, b); });
+      }
+    }
     // 2 replicas with the bytes in all of 8 or 16 replicas x 1 MiB and of 16 x 16 MiB: per byte
     // against those, oversubscription is compared at an equal working set (bench/report.py).
     add_all<float>({2}, {4 * MiB, 8 * MiB, 128 * MiB}, false, false);

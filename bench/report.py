@@ -170,17 +170,21 @@ def main():
     target(f'1-float all_reduce inside fn, 2 replicas ({fmt_time(t("all_reduce", "default", 2, 4))}) vs '
            f'MPI_Allreduce of 1 float ({fmt_time(t("all_reduce", "mpi", 2, 4))})', fmt_ratio(r), '>= 1.0x',
            None if r is None else r >= 1.0)
-    def per_byte(R, b, R0, b0):
+    def per_byte(R, b, R0, b0, impl='default'):
         """Time per byte reduced (R * b bytes in all) of R x b relative to R0 x b0."""
-        x, y = t('all_reduce', 'default', R, b), t('all_reduce', 'default', R0, b0)
+        x, y = t('all_reduce', impl, R, b), t('all_reduce', impl, R0, b0)
         return None if x is None or y is None else (x / (R * b)) / (y / (R0 * b0))
 
     for R in (8, 16):
         for b in (1 * MiB, 16 * MiB):
             # Against 2 replicas of the same size: the issue's measure. With 16 MiB, 2 x 16 MiB fits
             # in a 32 MiB L3 while R x 16 MiB streams from DRAM, so it also measures the cache.
+            # The in-place bound's own ratio (every byte read and written once, nothing combined)
+            # says how much of it the memory hierarchy imposes on any in-place all-reduce.
             r = per_byte(R, b, 2, b)
-            target(f'{R} replicas x {fmt_bytes(b)}: time per byte reduced, relative to 2 replicas x {fmt_bytes(b)}',
+            bound = per_byte(R, b, 2, b, 'in_place')
+            target(f'{R} replicas x {fmt_bytes(b)}: time per byte reduced, relative to 2 replicas x {fmt_bytes(b)}'
+                   + ('' if bound is None else f' (the in-place bound\'s own: {fmt_ratio(bound)})'),
                    fmt_ratio(r), '<= 2x', None if r is None else r <= 2)
             # Against 2 replicas moving the same bytes in all (2 x R*b/2): the same working set, so
             # what is left is the cost of R threads on 2 cores.
@@ -218,7 +222,7 @@ def main():
     w('Time per all-reduce; in brackets the baseline\'s time divided by mirror\'s (above 1: mirror is faster). '
       'busbw as nccl-tests: algbw x 2(R-1)/R.')
     w('')
-    impls = ['default', 'one_device', 'hierarchical', 'std_thread', 'copy', 'mpi']
+    impls = ['default', 'one_device', 'hierarchical', 'std_thread', 'copy', 'in_place', 'mpi']
     w('| replicas | bytes | ' + ' | '.join(impls) + ' | default busbw | spread (default) |')
     w('|---|---|' + '---|' * len(impls) + '---|---|')
     keys = sorted({(k[3], k[4]) for k in times if k[0] == 'all_reduce' and k[2] == 'float'})
