@@ -42,11 +42,12 @@ struct ChunkOwnerAllReduce {
   /// at 16 replicas) still fits a 1 MiB L2, so the write-back hits there; and each of the 8
   /// sources read side by side runs 4x longer before the next block's, which streams from DRAM
   /// faster. A standalone copy of the loop, 2 threads taking the owners' slices in turn, 16 MiB
-  /// per replica, 21 interleaved rounds: 16 replicas moved 1.10x, 8 replicas 1.06x the bytes per
-  /// second of 8 KiB blocks, 4 replicas the same; 2 replicas lost (1.25x the time from L3, 1.06x
-  /// from DRAM), so fewer than 8 keep 8 KiB. 24-48 KiB blocks were alike, 64 KiB and up slower
-  /// (the write-back leaves L2). (2026-11-26; mirror's own figures: README, Performance.) The
-  /// block is on the stack: 32 KiB of every replica's, the caller's thread's included.
+  /// per replica, 2-3 runs of 21 interleaved rounds: 16 replicas moved 1.06-1.10x, 8 replicas
+  /// 1.01-1.06x the bytes per second of 8 KiB blocks, 4 replicas the same; 2 replicas lost
+  /// (1.25x the time from L3, 1.06x from DRAM), so fewer than 8 keep 8 KiB. 24-48 KiB blocks
+  /// were alike, 64 KiB 1-3 % and 128 KiB 7-8 % slower (the write-back leaves L2). (2026-11-26;
+  /// mirror's own figures: README, Performance.) The block is on the stack: 32 KiB of every
+  /// replica's, the caller's thread's included.
   static constexpr int wide_block_replicas = 8;
   static constexpr std::size_t wide_block_bytes = 32768;
 
