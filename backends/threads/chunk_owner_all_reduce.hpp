@@ -151,7 +151,8 @@ void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const un
   const std::size_t block =  // elements
       std::max<std::size_t>(1, (n >= wide_block_replicas ? wide_block_bytes : block_bytes) / e.size);
   alignas(64) unsigned char acc[wide_block_bytes];
-  static_assert(block_bytes >= 16 && block_bytes <= wide_block_bytes, "a block holds at least one element of every type");
+  static_assert(block_bytes >= 16 && block_bytes <= wide_block_bytes,
+                "a block holds at least one element of every type, and either block fits acc");
   const auto [a, b] = detail::chunk_of(0, s.total, c.self(), n, e.size);
   detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t) {
     for (std::size_t i = off; i < off + len; i += block) {
