@@ -9,6 +9,7 @@
 namespace mirror::devices {
 #if MIRROR_HAS_CUDA
 struct Cuda;
+/// The device `Strategy<>` uses when none is named.
 using Default = Cuda;
 #else
 struct Threads;

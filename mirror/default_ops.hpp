@@ -12,7 +12,7 @@ namespace mirror {
 /// `ops::ReductionToOneDevice`, which works wherever the device can copy.
 template <class Device>
 struct default_ops {
-  using type = ops::ReductionToOneDevice;
+  using type = ops::ReductionToOneDevice;  ///< the ops policy
 };
 
 /// The default cross-device ops policy for `Device`.

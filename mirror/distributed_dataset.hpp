@@ -300,8 +300,11 @@ class DistributedDataset {
   using held_type = std::conditional_t<holds, batch_type, const batch_type*>;
 
  public:
+  /// What each step yields: replica r's rows of the global batch (views where they can be).
   using value_type = PerReplica<detail::batch_view_t<batch_type>>;
 
+  /// Made by `Strategy::distribute_dataset`; `first_replica`, `local_replicas` and `group` place
+  /// this worker's replicas among the global ones (multi-worker).
   DistributedDataset(Range range, int replicas, InputOptions options, int first_replica = 0, int local_replicas = -1,
                      detail::worker_group* group = nullptr)
       : range_(std::move(range)),
@@ -311,9 +314,10 @@ class DistributedDataset {
         local_(local_replicas < 0 ? replicas : local_replicas),
         group_(group) {}
 
+  /// An input iterator over the steps; `*it` is the step's `value_type`.
   class iterator : public detail::step_iterator<iterator, value_type> {
    public:
-    iterator() = default;
+    iterator() = default;  ///< a past-the-end iterator
 
    private:
     friend class DistributedDataset;
@@ -392,8 +396,11 @@ class DistributedDataset {
     bool exhausted_ = false;
   };
 
+  ///@{
+  /// The steps (a single-pass range: each `begin()` starts a pass over the underlying range).
   iterator begin() { return iterator(this); }
   std::default_sentinel_t end() const noexcept { return {}; }
+  ///@}
 
  private:
   Range range_;
@@ -413,15 +420,17 @@ class DistributedDataset {
 template <class Range>
 class DatasetsFromFunction {
  public:
-  using batch_type = std::ranges::range_value_t<Range>;
-  using value_type = PerReplica<batch_type>;
+  using batch_type = std::ranges::range_value_t<Range>;  ///< one replica's batch, as the range yields it
+  using value_type = PerReplica<batch_type>;             ///< one step: a batch per replica
 
+  /// Made by `Strategy::distribute_datasets_from_function`.
   DatasetsFromFunction(Range range, int replicas, detail::worker_group* group = nullptr)
       : range_(std::move(range)), replicas_(replicas), group_(group) {}
 
+  /// An input iterator over the steps; `*it` is the step's `value_type`.
   class iterator : public detail::step_iterator<iterator, value_type> {
    public:
-    iterator() = default;
+    iterator() = default;  ///< a past-the-end iterator
 
    private:
     friend class DatasetsFromFunction;
@@ -453,8 +462,11 @@ class DatasetsFromFunction {
     std::optional<std::ranges::iterator_t<Range>> it_;
   };
 
+  ///@{
+  /// The steps (a single-pass range).
   iterator begin() { return iterator(this); }
   std::default_sentinel_t end() const noexcept { return {}; }
+  ///@}
 
  private:
   Range range_;

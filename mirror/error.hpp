@@ -39,9 +39,12 @@ class aggregation_error : public error {
 /// the nested exception (`std::rethrow_if_nested(e)`); `replica()` says where it was thrown.
 class replica_error : public error, public std::nested_exception {
  public:
+  ///@{
+  /// `what` is the original exception's message; `replica` the replica whose `fn` threw it.
   replica_error(int replica, const char* what)
       : error(detail::format("mirror: replica %d threw: %s", replica, what)), replica_(replica) {}
   replica_error(int replica, const std::string& what) : replica_error(replica, what.c_str()) {}
+  ///@}
   /// The replica id (`replica_id_in_sync_group`) whose `fn` threw.
   int replica() const noexcept { return replica_; }
 
@@ -53,10 +56,13 @@ class replica_error : public error, public std::nested_exception {
 /// it, or did not arrive within the device's timeout. `missing()` lists them.
 class timeout_error : public error {
  public:
+  ///@{
+  /// `what` is the message; `missing` the replica ids that did not arrive.
   timeout_error(std::string what, std::vector<int> missing)
       : error(std::move(what)), missing_(std::move(missing)) {}
   timeout_error(const detail::message& what, std::vector<int> missing)
       : error(what), missing_(std::move(missing)) {}
+  ///@}
   /// Replica ids that never arrived, in increasing order.
   const std::vector<int>& missing() const noexcept { return missing_; }
 
@@ -67,8 +73,11 @@ class timeout_error : public error {
 /// A failure reported by a vendor API (CUDA, NCCL, MPI), with its numeric code and text.
 class backend_error : public error {
  public:
+  ///@{
+  /// `what` names the call and the vendor's text; `code` is the vendor's error code.
   backend_error(std::string what, long code) : error(std::move(what)), code_(code) {}
   backend_error(const detail::message& what, long code) : error(what), code_(code) {}
+  ///@}
   /// The vendor's error code (`cudaError_t`, `ncclResult_t`, MPI error class).
   long code() const noexcept { return code_; }
 

@@ -50,7 +50,7 @@ namespace mirror {
 /// Primary template: not a leaf. Specialise it (see the file comment) to add a leaf type.
 template <class T, class Enable = void>
 struct leaf_traits {
-  static constexpr bool is_leaf = false;
+  static constexpr bool is_leaf = false;  ///< not a leaf (nor, by itself, a nest)
 };
 
 namespace detail {
@@ -61,6 +61,8 @@ inline constexpr bool is_element_candidate = std::is_arithmetic_v<T>;
 /// Arithmetic scalars: a leaf of one element, reduced by value.
 template <class T>
 struct leaf_traits<T, std::enable_if_t<std::is_arithmetic_v<T>>> {
+  ///@{
+  /// The leaf_traits interface (the table in the file comment of mirror/leaf_traits.hpp).
   static constexpr bool is_leaf = true;
   using element_type = T;
   static constexpr int rank = 0;
@@ -68,11 +70,14 @@ struct leaf_traits<T, std::enable_if_t<std::is_arithmetic_v<T>>> {
   static constexpr bool resizable = false;
   static std::span<T> elements(T& x) noexcept { return {&x, 1}; }
   static std::span<const T> elements(const T& x) noexcept { return {&x, 1}; }
+  ///@}
 };
 
 /// `std::vector<E>`: an owning buffer; a reduction returns a new vector.
 template <class E, class A>
 struct leaf_traits<std::vector<E, A>, std::enable_if_t<std::is_arithmetic_v<E>>> {
+  ///@{
+  /// The leaf_traits interface (the table in the file comment of mirror/leaf_traits.hpp).
   static constexpr bool is_leaf = true;
   using element_type = E;
   static constexpr int rank = 1;
@@ -83,11 +88,14 @@ struct leaf_traits<std::vector<E, A>, std::enable_if_t<std::is_arithmetic_v<E>>>
     return {x.data(), x.size()};
   }
   static void resize(std::vector<E, A>& x, std::size_t n) { x.resize(n); }
+  ///@}
 };
 
 /// `std::array<E, N>` of arithmetic E: an owning fixed-size buffer. (An array of nests is a nest.)
 template <class E, std::size_t N>
 struct leaf_traits<std::array<E, N>, std::enable_if_t<std::is_arithmetic_v<E>>> {
+  ///@{
+  /// The leaf_traits interface (the table in the file comment of mirror/leaf_traits.hpp).
   static constexpr bool is_leaf = true;
   using element_type = E;
   static constexpr int rank = 1;
@@ -95,6 +103,7 @@ struct leaf_traits<std::array<E, N>, std::enable_if_t<std::is_arithmetic_v<E>>> 
   static constexpr bool resizable = false;
   static std::span<E> elements(std::array<E, N>& x) noexcept { return {x.data(), N}; }
   static std::span<const E> elements(const std::array<E, N>& x) noexcept { return {x.data(), N}; }
+  ///@}
 };
 
 /// `std::span<E>` of mutable arithmetic E: a view. Collectives reduce it in place, so the result
@@ -102,12 +111,15 @@ struct leaf_traits<std::array<E, N>, std::enable_if_t<std::is_arithmetic_v<E>>> 
 template <class E, std::size_t Extent>
 struct leaf_traits<std::span<E, Extent>,
                    std::enable_if_t<std::is_arithmetic_v<E> && !std::is_const_v<E>>> {
+  ///@{
+  /// The leaf_traits interface (the table in the file comment of mirror/leaf_traits.hpp).
   static constexpr bool is_leaf = true;
   using element_type = E;
   static constexpr int rank = 1;
   static constexpr bool is_view = true;
   static constexpr bool resizable = false;
   static std::span<E> elements(const std::span<E, Extent>& x) noexcept { return {x.data(), x.size()}; }
+  ///@}
 };
 
 /// True when `leaf_traits<T>` has been specialised (by mirror or by the user).

@@ -18,14 +18,16 @@ namespace mirror {
 /// its leading dimension is the row.
 template <class E>
 struct matrix_view {
-  std::span<E> data;
-  std::size_t cols = 1;
+  std::span<E> data;     ///< the elements, row after row
+  std::size_t cols = 1;  ///< elements per row
 
+  /// `data.size() / cols` (0 when `cols` is 0).
   std::size_t rows() const noexcept { return cols == 0 ? 0 : data.size() / cols; }
   /// Rows [first, first + count).
   matrix_view subrows(std::size_t first, std::size_t count) const noexcept {
     return {data.subspan(first * cols, count * cols), cols};
   }
+  /// The element in row `r`, column `c` (unchecked).
   E& operator()(std::size_t r, std::size_t c) const noexcept { return data[r * cols + c]; }
   /// A read-only view of the same rows.
   operator matrix_view<const E>() const noexcept { return {data, cols}; }
@@ -35,19 +37,29 @@ struct matrix_view {
 /// `matrix_view<const E>` slices of it (no copy).
 template <class E>
 struct matrix {
-  std::vector<E> data;
-  std::size_t cols = 1;
+  std::vector<E> data;   ///< the elements, row after row
+  std::size_t cols = 1;  ///< elements per row
 
+  /// `data.size() / cols` (0 when `cols` is 0).
   std::size_t rows() const noexcept { return cols == 0 ? 0 : data.size() / cols; }
+  ///@{
+  /// A view of all rows.
   matrix_view<E> view() noexcept { return {data, cols}; }
   matrix_view<const E> view() const noexcept { return {data, cols}; }
+  ///@}
+  ///@{
+  /// The element in row `r`, column `c` (unchecked).
   E& operator()(std::size_t r, std::size_t c) noexcept { return data[r * cols + c]; }
   const E& operator()(std::size_t r, std::size_t c) const noexcept { return data[r * cols + c]; }
+  ///@}
   friend bool operator==(const matrix&, const matrix&) = default;
 };
 
+/// `matrix<E>` is a rank-2 owning leaf: reduced element-wise, split by rows as a batch.
 template <class E>
 struct leaf_traits<matrix<E>, std::enable_if_t<std::is_arithmetic_v<E>>> {
+  ///@{
+  /// The leaf_traits interface (the table in the file comment of mirror/leaf_traits.hpp).
   static constexpr bool is_leaf = true;
   using element_type = E;
   static constexpr int rank = 2;
@@ -56,16 +68,21 @@ struct leaf_traits<matrix<E>, std::enable_if_t<std::is_arithmetic_v<E>>> {
   static std::span<E> elements(matrix<E>& x) noexcept { return x.data; }
   static std::span<const E> elements(const matrix<E>& x) noexcept { return x.data; }
   static void resize(matrix<E>& x, std::size_t n) { x.data.resize(n); }
+  ///@}
 };
 
+/// `matrix_view<E>` of mutable E is a rank-2 view leaf: reduced in place, like `std::span<E>`.
 template <class E>
 struct leaf_traits<matrix_view<E>, std::enable_if_t<std::is_arithmetic_v<E> && !std::is_const_v<E>>> {
+  ///@{
+  /// The leaf_traits interface (the table in the file comment of mirror/leaf_traits.hpp).
   static constexpr bool is_leaf = true;
   using element_type = E;
   static constexpr int rank = 2;
   static constexpr bool is_view = true;
   static constexpr bool resizable = false;
   static std::span<E> elements(const matrix_view<E>& x) noexcept { return x.data; }
+  ///@}
 };
 
 }  // namespace mirror

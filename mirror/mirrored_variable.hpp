@@ -44,7 +44,7 @@ class MirroredVariable {
                 "PerReplica values reduced with ctx.all_reduce");
 
  public:
-  using value_type = T;
+  using value_type = T;  ///< the type of each copy
 
   /// The variable as `fn` sees it on one replica, inside `run`.
   ///
@@ -60,13 +60,22 @@ class MirroredVariable {
   template <class Context>
   class handle {
    public:
+    ///@{
     /// This replica's copy.
     const T& value() const noexcept { return *copy_; }
     const T& read() const noexcept { return *copy_; }
+    ///@}
+    /// Combines every replica's `x` with the aggregation and sets every copy to the result.
+    /// Collective: every replica calls it. **Errors**: `aggregation_error` (aggregation `none`),
+    /// `shape_error` (leaf sizes differ); in both cases no copy changes.
     void assign(const T& x) { combine_and_apply(detail::update_kind::assign, x, "assign"); }
+    /// As `assign`, adding the combined value to every copy.
     void assign_add(const T& x) { combine_and_apply(detail::update_kind::add, x, "assign_add"); }
+    /// As `assign`, subtracting the combined value from every copy.
     void assign_sub(const T& x) { combine_and_apply(detail::update_kind::sub, x, "assign_sub"); }
 
+    /// Calls `fn(T& copy, const U&...)` on this replica's copy with the values of `args`, every
+    /// one a `Synced<U>` (a compile error otherwise), so every replica applies the same step.
     template <class F, class... U>
     void update(F&& fn, const U&... args) {
       static_assert((detail::is_synced<U>::value && ...),
@@ -104,10 +113,13 @@ class MirroredVariable {
     Context* ctx_;
   };
 
+  /// How updates in replica context are combined.
   VariableAggregation aggregation() const noexcept { return aggregation_; }
+  ///@{
   /// Replica 0's copy (all copies are equal).
   const T& value() const noexcept { return copies_.front(); }
   const T& read() const noexcept { return copies_.front(); }
+  ///@}
 
   /// Sets every copy to `x`.
   void assign(const T& x) { update_all(detail::update_kind::assign, x, "assign"); }
@@ -121,11 +133,13 @@ class MirroredVariable {
     for (T& c : copies_) fn(c, args...);
   }
 
+  ///@{
   /// The copies, in replica order (also `Strategy::local_results(variable)`).
   std::size_t size() const noexcept { return copies_.size(); }
   const T& operator[](std::size_t i) const noexcept { return copies_[i]; }
   auto begin() const noexcept { return copies_.cbegin(); }
   auto end() const noexcept { return copies_.cend(); }
+  ///@}
 
   /// The handle replica `r` receives in `run` (used by Strategy).
   template <class Context>

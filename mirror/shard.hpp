@@ -19,11 +19,15 @@ template <std::ranges::input_range V>
   requires std::ranges::view<V>
 class shard_view : public std::ranges::view_interface<shard_view<V>> {
  public:
-  shard_view() = default;
+  shard_view() = default;  ///< an empty shard
+  /// The elements of `base` whose index i has `i % count == index`.
   shard_view(V base, int count, int index) : base_(std::move(base)), count_(count), index_(index) {}
 
+  /// An input iterator over the shard's elements.
   class iterator {
    public:
+    ///@{
+    /// The input-iterator interface.
     using value_type = std::ranges::range_value_t<V>;
     using difference_type = std::ptrdiff_t;
     iterator() = default;
@@ -33,6 +37,7 @@ class shard_view : public std::ranges::view_interface<shard_view<V>> {
       return *this;
     }
     void operator++(int) { ++*this; }
+    ///@}
     friend bool operator==(const iterator& i, std::default_sentinel_t) { return i.it_ == i.end_; }
 
    private:
@@ -50,8 +55,11 @@ class shard_view : public std::ranges::view_interface<shard_view<V>> {
     int count_ = 1;
   };
 
+  ///@{
+  /// The shard's elements, in the base range's order.
   iterator begin() { return iterator(std::ranges::begin(base_), std::ranges::end(base_), count_, index_); }
   std::default_sentinel_t end() const noexcept { return {}; }
+  ///@}
 
  private:
   V base_{};

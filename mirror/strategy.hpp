@@ -123,10 +123,10 @@ class Strategy {
                 "(ops::Hierarchical on Threads, ops::NcclAllReduce on Cuda), or ops::Hierarchical<YourLocalOps>");
 
  public:
-  using device_type = Device;
-  using ops_type = Ops;
-  using runtime_type = runtime_t<Device>;
-  using context_type = ReplicaContext<Strategy>;
+  using device_type = Device;                      ///< the device policy
+  using ops_type = Ops;                            ///< the cross-device ops policy
+  using runtime_type = runtime_t<Device>;          ///< the device's runtime (threads, streams), see runtime()
+  using context_type = ReplicaContext<Strategy>;   ///< what `fn` receives as `auto& ctx`
   /// True when the device spans several processes (`devices::Cluster`, backends/mpi): then
   /// N = W*R replicas are in sync, R of them in this process.
   static constexpr bool multi_worker = detail::spans_workers<runtime_type>;

@@ -48,15 +48,22 @@ class SyncOnReadVariable {
                 "PerReplica values reduced with ctx.all_reduce");
 
  public:
-  using value_type = T;
+  using value_type = T;  ///< the type of each copy
 
   /// The variable as `fn` sees it on one replica: its own copy, read and written locally.
   class handle {
    public:
+    ///@{
+    /// This replica's copy (no communication).
     const T& value() const noexcept { return *copy_; }
     const T& read() const noexcept { return *copy_; }
+    ///@}
+    /// Sets this replica's copy to `x`. **Errors**: `shape_error` when `x`'s leaves differ in
+    /// size from the copy's (nothing changes).
     void assign(const T& x) { apply(detail::update_kind::assign, x, "assign"); }
+    /// Adds `x` to this replica's copy, element-wise (errors as `assign`).
     void assign_add(const T& x) { apply(detail::update_kind::add, x, "assign_add"); }
+    /// Subtracts `x` from this replica's copy, element-wise (errors as `assign`).
     void assign_sub(const T& x) { apply(detail::update_kind::sub, x, "assign_sub"); }
 
    private:
@@ -69,6 +76,7 @@ class SyncOnReadVariable {
     T* copy_;
   };
 
+  /// How a cross-replica read combines the copies.
   VariableAggregation aggregation() const noexcept { return aggregation_; }
 
   /// The aggregated value (see the class comment).
@@ -89,22 +97,31 @@ class SyncOnReadVariable {
     }
     return copies_.front();
   }
+  /// Same as `value()`.
   T read() const { return value(); }
 
+  /// Sets every copy so that the aggregated read gives `v`: `v / N` in each copy for `sum`
+  /// (TF's rule), `v` for the other aggregations. **Errors**: `shape_error` when `v`'s leaves
+  /// differ in size from the copies' (nothing changes).
   void assign(const T& v) {
     detail::require_same_shape(copies_.front(), v, "mirror::SyncOnReadVariable::assign");
     T each = v;
     if (aggregation_ == VariableAggregation::sum) detail::divide_leaves(each, replicas_in_sync());
     for (T& c : copies_) detail::apply_update(detail::update_kind::assign, c, each);
   }
+  /// Adds `v` to every copy. **Errors**: `aggregation_error` for a `sum` variable (the read
+  /// would grow by N times `v`; TF refuses it too), `shape_error` as `assign`.
   void assign_add(const T& v) { add_to_all(detail::update_kind::add, v, "assign_add"); }
+  /// Subtracts `v` from every copy (errors as `assign_add`).
   void assign_sub(const T& v) { add_to_all(detail::update_kind::sub, v, "assign_sub"); }
 
+  ///@{
   /// The copies, in replica order (also `Strategy::local_results(variable)`).
   std::size_t size() const noexcept { return copies_.size(); }
   const T& operator[](std::size_t i) const noexcept { return copies_[i]; }
   auto begin() const noexcept { return copies_.cbegin(); }
   auto end() const noexcept { return copies_.cend(); }
+  ///@}
 
   /// The handle replica `r` receives in `run` (used by Strategy).
   template <class Context>

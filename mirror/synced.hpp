@@ -16,15 +16,21 @@ namespace mirror {
 template <class T>
 class Synced {
  public:
-  using value_type = T;
+  using value_type = T;  ///< the synchronised value's type
+  ///@{
+  /// The value (the same on every replica).
   const T& get() const& noexcept { return value_; }
   T& get() & noexcept { return value_; }
   T&& get() && noexcept { return std::move(value_); }
   const T& operator*() const& noexcept { return value_; }
   T& operator*() & noexcept { return value_; }
   T&& operator*() && noexcept { return std::move(value_); }
+  ///@}
+  ///@{
+  /// Member access to the value: `s->weights`.
   const T* operator->() const noexcept { return &value_; }
   T* operator->() noexcept { return &value_; }
+  ///@}
 
  private:
   explicit Synced(T value) : value_(std::move(value)) {}

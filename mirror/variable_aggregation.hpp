@@ -17,6 +17,7 @@ namespace mirror {
 /// - `only_first_replica`: replica 0's value is taken.
 enum class VariableAggregation { none, sum, mean, only_first_replica };
 
+/// The enumerator's name (`"sum"`), as error messages print it.
 constexpr std::string_view to_string(VariableAggregation a) noexcept {
   switch (a) {
     case VariableAggregation::none: return "none";

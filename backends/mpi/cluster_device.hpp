@@ -75,6 +75,8 @@ struct Cluster {
                   "memory); this mirror was built without it — use devices::Cluster<devices::Threads>, or one "
                   "process with devices::Cuda");
 
+    /// Builds the local runtime and the worker group (collective over `c.comm`; see
+    /// `mpi::group` for its errors).
     explicit runtime(const Cluster& c)
         : runtime_t<Local>(local_policy(c)),
           group_(new mpi::group(mpi::group_options{
@@ -114,7 +116,7 @@ namespace mirror {
 /// CUDA-aware, and NCCL picks NVLink or the network itself.
 template <>
 struct default_ops<devices::Cluster<devices::Cuda>> {
-  using type = ops::NcclAllReduce;
+  using type = ops::NcclAllReduce;  ///< the ops policy
 };
 }  // namespace mirror
 #endif

@@ -35,8 +35,8 @@ namespace mirror::ops {
 /// replicas (each worker's replicas in order, then the workers in order).
 template <class LocalOps, class Cross = MpiAllReduce>
 struct Hierarchical {
-  LocalOps local{};
-  Cross cross{};
+  LocalOps local{};  ///< the ops policy within each worker (steps 1 and 3)
+  Cross cross{};     ///< the cross-worker all-reduce (step 2): `MpiAllReduce`
   /// Reduces across the workers of a `devices::Cluster` (Strategy refuses ops without this).
   static constexpr bool crosses_workers = true;
 
@@ -53,6 +53,8 @@ struct Hierarchical {
     }
   }
 
+  /// The `cross_device_ops` interface (mirror/concepts/cross_device_ops.hpp), called by every
+  /// local replica of every worker: the three steps above.
   template <class Rt, class E>
   void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
     static_assert(detail::spans_workers<Rt> && Rt::host_addressable,
@@ -121,6 +123,6 @@ namespace mirror {
 /// `MPI_Iallreduce` across workers.
 template <class Local>
 struct default_ops<devices::Cluster<Local>> {
-  using type = ops::Hierarchical<default_ops_t<Local>, ops::MpiAllReduce>;
+  using type = ops::Hierarchical<default_ops_t<Local>, ops::MpiAllReduce>;  ///< the ops policy
 };
 }  // namespace mirror

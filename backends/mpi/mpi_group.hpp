@@ -33,24 +33,32 @@ struct group_options {
 /// collective throws at once, and the job should be restarted from its last checkpoint.
 class group final : public detail::worker_group {
  public:
+  /// Collective over `options.comm` (see the class comment).
   explicit group(const group_options& options);
   ~group() override;
   group(const group&) = delete;
   group& operator=(const group&) = delete;
 
+  ///@{
+  /// W, this worker's index w, and its replica count R.
   int num_workers() const noexcept override;
   int worker_index() const noexcept override;
   int local_replicas() const noexcept override;
+  ///@}
   /// This worker's share of its host's cores (at least 1): each CPU of its affinity mask counts
   /// 1/k, k = the workers on the host whose masks hold it. Its local pool spins only while
   /// every replica has one of these.
   unsigned host_cores() const noexcept;
+  ///@{
+  /// The cross-worker collectives `Strategy` and the ops policies call (the worker_group
+  /// interface, mirror/detail/worker_group.hpp), run on the communication thread.
   void reduce_in_worker_order(bool on) noexcept override;
   void check_all_reduce(std::size_t count, detail::element_kind kind, ReduceOp op, const char* what) override;
   void all_reduce(void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
                   bool checked) override;
   void broadcast(void* data, std::size_t bytes, int root, const char* what) override;
   void report_failure(int global_replica, const std::exception_ptr& failure) noexcept override;
+  ///@}
 
  private:
   struct impl;

@@ -46,13 +46,15 @@ struct ChunkOwnerAllReduce {
   /// 1.01-1.06x the bytes per second of 8 KiB blocks, 4 replicas the same; 2 replicas lost
   /// (1.25x the time from L3, 1.06x from DRAM), so fewer than 8 keep 8 KiB. 24-48 KiB blocks
   /// were alike, 64 KiB 1-3 % and 128 KiB 7-8 % slower (the write-back leaves L2). (2026-11-26;
-  /// mirror's own figures: README, Performance.) The block is on the stack: 32 KiB of every
+  /// mirror's own figures: docs/performance.md.) The block is on the stack: 32 KiB of every
   /// replica's, the caller's thread's included.
   static constexpr int wide_block_replicas = 8;
-  static constexpr std::size_t wide_block_bytes = 32768;
+  static constexpr std::size_t wide_block_bytes = 32768;  ///< the wide block (see wide_block_replicas)
 
   friend bool operator==(const ChunkOwnerAllReduce&, const ChunkOwnerAllReduce&) = default;
 
+  /// The `cross_device_ops` interface (mirror/concepts/cross_device_ops.hpp), called by every
+  /// replica: reduces the leaves `s` of every replica in place.
   template <class Rt, class E>
   void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
     static_assert(Rt::host_addressable,
@@ -63,7 +65,7 @@ struct ChunkOwnerAllReduce {
     // arithmetic through element_kernels (per type, only combine_into and divide_all are
     // compiled). Before, each element type compiled its own small and large paths: in a program
     // reducing floats and doubles they were a quarter of the code GCC generated
-    // (README, Performance: compile time).
+    // (docs/performance.md, compile time).
     const untyped_leaves b{s.leaves.data(), s.sizes, s.total, &detail::element_kernels_of<E>::value};
     if (s.total * sizeof(E) <= scalar_bytes) {
       small<scalar_bytes>(c, op, b);
@@ -203,6 +205,6 @@ namespace mirror {
 /// `devices::Threads` reduces with the chunk-owner all-reduce by default.
 template <>
 struct default_ops<devices::Threads> {
-  using type = ops::ChunkOwnerAllReduce;
+  using type = ops::ChunkOwnerAllReduce;  ///< the ops policy
 };
 }  // namespace mirror

@@ -8,7 +8,7 @@
 // Written on POSIX threads and clock_gettime rather than <mutex>, <condition_variable> and
 // <chrono>: the same calls underneath, without the templates around them, which every
 // header-only translation unit compiled (std::chrono's duration arithmetic alone was 80
-// functions there; README, Performance: compile time).
+// functions there; docs/performance.md, compile time).
 
 #include <atomic>
 #include <cerrno>

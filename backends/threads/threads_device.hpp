@@ -25,6 +25,7 @@ struct Threads {
 
   /// Owns the pool; built by `Strategy` from this policy.
   struct runtime : threads::runtime {
+    /// Starts `d.replicas - 1` threads (`backend_error` when one cannot be started).
     explicit runtime(const Threads& d) : threads::runtime(d.replicas, d.timeout) {}
   };
 };

@@ -30,14 +30,21 @@
 
 namespace mirror::threads {
 
+/// The runtime of `devices::Threads`: a pool of one thread per replica (the caller is replica
+/// 0), made once per `Strategy`, and the primitives the `mirror::device` concept asks for
+/// (mirror/concepts/device.hpp). `Strategy::runtime()` returns it; programs rarely need more
+/// than `scratch_bytes()` and `limit_cores()`.
 class runtime {
  public:
+  /// Replicas share the process's memory: a handle to a replica's buffer is a plain pointer.
   template <class E>
   using pointer = E*;
-  static constexpr bool host_addressable = true;
+  static constexpr bool host_addressable = true;  ///< every replica's thread reads every buffer
   /// Largest payload `exchange` carries (a collective header plus one cache line of data).
   static constexpr std::size_t max_exchange_bytes = 192;
 
+  /// Starts `replicas - 1` threads; collectives wait at most `timeout` for the other replicas.
+  /// **Errors**: `backend_error` when a thread cannot be started.
   runtime(int replicas, std::chrono::milliseconds timeout);
 
   runtime(const runtime&) = delete;
@@ -45,6 +52,7 @@ class runtime {
 
   ~runtime();
 
+  /// The replica count.
   int num_replicas() const noexcept { return n_; }
 
   /// How many cores the pool may use (default: the process's affinity mask, usable_cores()).
@@ -102,18 +110,26 @@ class runtime {
                                 static_cast<std::size_t>(n_));
   }
 
+  /// Waits until every replica of the current parallel call has arrived.
   void barrier(int self) {
     if (cancelled_.load(std::memory_order_acquire)) throw_cancelled();
     arrive(self);
   }
 
   // ---- memory: host memory shared by every replica ----
+  ///@{
+  /// The memory plane of the `device` concept: host buffers are used where they are, so these
+  /// copy nothing.
   template <class E>
   E* attach(int, std::span<E> host) const noexcept {
     return host.data();
   }
   template <class E>
   void detach(int, E*, std::span<E>) const noexcept {}
+  ///@}
+
+  /// Replica `self`'s scratch space for `n` elements (64-byte aligned), grown when needed and
+  /// valid until `self`'s next call; kept between runs unless later runs need far less.
 
   template <class E>
   E* scratch(int self, std::size_t n) {
@@ -134,6 +150,7 @@ class runtime {
   /// costs no cache-line hand-off of its own (the caller reads it after parallel() returned;
   /// the next parallel call may overwrite it). Strategy::run keeps its replicas' results here.
   static constexpr std::size_t result_bytes = 48;
+  /// Replica `r`'s `result_bytes` (see above).
   void* result_area(int r) noexcept { return replica_[static_cast<std::size_t>(r)].result; }
 
   /// Scratch memory the replicas hold between parallel calls, in bytes (call while none runs).
@@ -146,6 +163,9 @@ class runtime {
   /// How many times the replicas allocated scratch (a training loop's count stops growing).
   std::uint64_t scratch_allocations() const noexcept;
 
+  ///@{
+  /// The copy, combine and divide primitives of the `device` concept, on host memory
+  /// (`combine` and `divide` through the vectorised element kernels).
   template <class E>
   void copy(int, E* dst, const E* src, std::size_t n) const noexcept {
     if (dst != src && n != 0) std::memcpy(dst, src, n * sizeof(E));
@@ -158,6 +178,7 @@ class runtime {
   void divide(int, E* p, std::size_t n, std::size_t count) const noexcept {
     detail::divide_all(p, n, count);
   }
+  ///@}
 
  private:
   // How the pool synchronises, and why this way. A fork, a small exchange and a join each cost

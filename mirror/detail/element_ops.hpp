@@ -125,7 +125,7 @@ inline constexpr bool has_sum_many =
 /// one source combine_into is faster (a loop over a count of sources took 1.3x its time), so
 /// callers pass two or more. Only sum (and mean, a sum until divided), the reductions of
 /// training: every loop here is compiled per element type in every header-only translation
-/// unit (README, Performance: compile time).
+/// unit (docs/performance.md, compile time).
 template <class E>
 void sum_many(void* to, const void* const* src, std::size_t count, std::size_t n) noexcept {
 #if defined(__GNUC__)

@@ -41,7 +41,7 @@ void release_values(T* p) noexcept {
 /// and a vector has no way to take values built in place. That also keeps the code each result
 /// type instantiates small (a vector of results, a vector of optional results and the moves
 /// between them were a tenth of what a translation unit using run and all_reduce compiled;
-/// README, Performance: compile time). Contiguous for every T, bool too.
+/// docs/performance.md, compile time). Contiguous for every T, bool too.
 template <class T>
 class replica_storage {
  public:

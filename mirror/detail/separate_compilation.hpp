@@ -8,7 +8,7 @@
 // all-reduce and Strategy::reduce's per-leaf work (one copy each, for every element type), the
 // arithmetic kernels for every arithmetic element type, and the builders of error messages.
 // They are half of what a translation unit that uses run, reduce and all_reduce costs to
-// compile at -O2 (README, Performance). The same technique as Boost.Asio's
+// compile at -O2 (docs/performance.md). The same technique as Boost.Asio's
 // BOOST_ASIO_SEPARATE_COMPILATION and spdlog's compiled mode.
 //
 // Headers use three macros from here:

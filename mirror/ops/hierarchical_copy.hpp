@@ -35,6 +35,7 @@ struct HierarchicalCopy {
 
   friend bool operator==(const HierarchicalCopy&, const HierarchicalCopy&) = default;
 
+  /// Called by `Strategy`'s constructor: `std::invalid_argument` when `num_packs < 0`.
   template <class Rt>
   void validate(const Rt&) const {
     if (num_packs < 0) {
@@ -45,8 +46,14 @@ struct HierarchicalCopy {
 
   /// The two groups and main devices of pack `i` among `n` replicas.
   struct plan {
-    int group0_begin, group0_end, group1_begin, group1_end, main0, main1;
+    int group0_begin;  ///< first replica of the group whose sum lands on main0
+    int group0_end;    ///< one past its last replica
+    int group1_begin;  ///< first replica of the other group
+    int group1_end;    ///< one past its last replica
+    int main0;         ///< reduces group 0, adds group 1's sum, and sends the total to main1
+    int main1;         ///< reduces group 1; broadcasts the total within group 1
   };
+  /// The plan of pack `i` among `n` replicas (see the struct comment for the rule).
   static constexpr plan plan_for(std::size_t i, int n) noexcept {
     const int g = n / 2;
     const int m0 = static_cast<int>(i % static_cast<std::size_t>(n));
@@ -68,6 +75,8 @@ struct HierarchicalCopy {
     return {i * per, i + 1 == packs ? total : (i + 1) * per};
   }
 
+  /// The `cross_device_ops` interface (mirror/concepts/cross_device_ops.hpp), called by every
+  /// replica: reduces the leaves `s` of every replica in place.
   template <class Rt, class E>
   void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
     using pointer = typename Rt::template pointer<E>;

@@ -30,6 +30,7 @@ struct ReductionToOneDevice {
 
   friend bool operator==(const ReductionToOneDevice&, const ReductionToOneDevice&) = default;
 
+  /// Called by `Strategy`'s constructor: `std::invalid_argument` when `reduce_to` is not a replica.
   template <class Rt>
   void validate(const Rt& rt) const {
     if (reduce_to < 0 || reduce_to >= rt.num_replicas()) {
@@ -40,6 +41,8 @@ struct ReductionToOneDevice {
     }
   }
 
+  /// The `cross_device_ops` interface (mirror/concepts/cross_device_ops.hpp), called by every
+  /// replica: reduces the leaves `s` of every replica in place.
   template <class Rt, class E>
   void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
     using pointer = typename Rt::template pointer<E>;
