@@ -13,7 +13,7 @@
 #   ./dev.sh bench   [-- ARGS...]                install what is missing (plus gnuplot for
 #                                                the plots), run bench/report.sh
 #                                                (ARGS go to it, e.g. -- --quick):
-#                                                bench/results/report.md and PNGs, as in README
+#                                                bench/results/report.md and PNGs (docs/performance.md)
 #
 # Build directories: build (plain; also builds bench/ and runs its smoke tests), build-tsan
 # (-Db_sanitize=thread), build-asan (-Db_sanitize=address,undefined), build-bench (bench).

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The floor under devices::Cluster's hand-off to its communication thread (README, "Multi-worker
-// (MPI)"): what it costs one thread to hand work to another and get the answer back, with
+// The floor under devices::Cluster's hand-off to its communication thread (docs/multi-worker.md,
+// "What it costs"): what it costs one thread to hand work to another and get the answer back, with
 //  - impl:yield_one_core: both threads pinned to one CPU, each waiting with sched_yield (what a
 //    worker that has one core for its caller and its communication thread pays: the scheduler
 //    switches threads twice per collective);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The multi-worker bench tables of README.md's "Multi-worker (MPI)" section, from
+# The multi-worker bench tables of docs/multi-worker.md ("What it costs"), from
 # bench/mpi_cluster_bench:
 #  1. mirror's cross-worker all-reduce (devices::Cluster<Threads>, 2 workers x 1 replica) against
 #     raw MPI_Allreduce(MPI_IN_PLACE) of the same bytes on the same processes, alternated, over

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Runs the benchmark suite against its baselines and writes bench/results/: the raw JSON of every
-# run, report.md (the tables in README.md's performance section) and the PNG plots.
+# run, report.md (the tables in docs/performance.md) and the PNG plots.
 #
 #   bench/report.sh [--build DIR] [--rounds 3] [--repetitions 3] [--min-time 0.2] [--quick]
 #

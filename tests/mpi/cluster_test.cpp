@@ -39,7 +39,7 @@ using mirror::ReduceOp;
 // MPI, so a second strategy's idle communication thread (polling its control communicator) can
 // copy this one's data into its buffer. Open MPI orders that copy before the owner's MPI_Test
 // with its own atomics, which ThreadSanitizer cannot see: it reports a race on the result in
-// the sanitizer build (README, Sanitizers).
+// the sanitizer build (docs/install.md, Sanitizers).
 std::unique_ptr<Strategy>& shared_strategy() {
   static std::unique_ptr<Strategy> s;
   return s;
