@@ -17,8 +17,8 @@ static void check(bool ok, const char* what) {
 }
 
 int main() {
-  using namespace std::chrono_literals;
   // [strategy]
+  using namespace std::chrono_literals;
   mirror::Strategy<mirror::devices::Threads> strategy{{.replicas = 2, .timeout = 2s}};
   // [/strategy]
 
