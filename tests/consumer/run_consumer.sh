@@ -33,12 +33,18 @@ if [[ -z $separate_pc ]]; then
   echo "FAIL: meson install did not install mirror-separate.pc" >&2
   exit 1
 fi
-# mirror.pc lies in datadir in header-only builds; mirror-separate.pc names a library (libdir).
-export PKG_CONFIG_PATH="$(dirname "$pc"):$(dirname "$separate_pc")"
-# Relocate the install prefix into DESTDIR (not PKG_CONFIG_SYSROOT_DIR, which would also prefix
-# paths outside the install, such as the CUDA toolkit's -L and rpath in CUDA builds).
-prefix=$(pkg-config --variable=prefix mirror)
-flags=$(pkg-config --define-variable=prefix="$destdir$prefix" --cflags --libs mirror)
+# Relocate the install prefix into DESTDIR: copies of mirror.pc (datadir in header-only builds)
+# and mirror-separate.pc (libdir) whose prefix= line names it. Not PKG_CONFIG_SYSROOT_DIR, which
+# would also prefix paths outside the install (the CUDA toolkit's -L and rpath in CUDA builds),
+# nor --define-variable=prefix=, which also redefines the prefix of the modules mirror.pc
+# requires (ompi-c's -I, so a program that includes <mpi.h> would not find it).
+prefix=$(sed -n 's/^prefix=//p' "$pc")
+mkdir "$tmp/pkgconfig"
+for f in "$pc" "$separate_pc"; do
+  sed "s|^prefix=.*|prefix=$destdir$prefix|" "$f" >"$tmp/pkgconfig/$(basename "$f")"
+done
+export PKG_CONFIG_PATH="$tmp/pkgconfig"
+flags=$(pkg-config --cflags --libs mirror)
 echo "pkg-config --cflags --libs mirror: $flags"
 sanitize=()
 if [[ -n ${CONSUMER_SANITIZE:-} && $CONSUMER_SANITIZE != none ]]; then
@@ -51,7 +57,7 @@ for program in "$src_dir"/tests/consumer/contract*.cpp; do
   $cxx -std=c++20 -O1 "${sanitize[@]}" "$program" $flags -o "$tmp/$name"
   case $name in
     # MPI_Init's allocations are never freed (Open MPI's own "leaks"; tests/mpi/mpi_env.sh)
-    contract_cluster*) ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" "$tmp/$name" ;;
+    contract_cluster* | contract_mpi_header) ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" "$tmp/$name" ;;
     *) "$tmp/$name" ;;
   esac
   echo "PASS: $name.cpp built with pkg-config mirror and ran"
@@ -60,7 +66,7 @@ done
 # MIRROR_SEPARATE_COMPILATION, against the installed libmirror_threads: the contract in two
 # translation units (it and a second one that includes everything too), and the programs
 # whose device comes from another backend (Cluster in MPI builds, Cuda in CUDA builds).
-separate_flags=$(pkg-config --define-variable=prefix="$destdir$prefix" --cflags --libs mirror-separate)
+separate_flags=$(pkg-config --cflags --libs mirror-separate)
 echo "pkg-config --cflags --libs mirror-separate: $separate_flags"
 printf '#include <mirror/mirror.hpp>\nint second_translation_unit() { return 0; }\n' >"$tmp/second.cpp"
 for program in contract contract_cluster contract_default_device; do
