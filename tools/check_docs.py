@@ -40,7 +40,8 @@ DEVELOPMENT_WORDS = re.compile(r'\b(sessions?|lent|this task|issue \d+|issues? #
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading: the rendered text lower-cased, punctuation dropped, spaces
     as hyphens."""
-    text = re.sub(r'`([^`]*)`', r'\1', heading)            # code spans keep their text
+    # code spans keep their text (their < and > are punctuation, not HTML, and are dropped anyway)
+    text = re.sub(r'`([^`]*)`', lambda m: m.group(1).replace('<', '').replace('>', ''), heading)
     text = re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', text)    # links keep their text
     text = re.sub(r'<[^>]+>', '', text)                     # inline HTML
     text = text.strip().lower()
@@ -126,6 +127,8 @@ def check_file(md: pathlib.Path, problems: list, anchors_of) -> None:
             continue
         if m and in_fence:
             in_fence = False
+            if m.group(3).strip():
+                problem(no, 'text after a closing fence: Markdown renders the rest of the page as code')
             if fence_marker is not None and fence_marker.group('path'):
                 path = ROOT / fence_marker.group('path')
                 if not fence_marker.group('path').startswith('examples/'):
