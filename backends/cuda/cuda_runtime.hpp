@@ -133,6 +133,8 @@ class runtime {
   }
 
   // ---- memory plane ----
+  // (impl::located{...} is spelled out in the calls below: nvcc 13 mistranslates a bare braced
+  // argument there into host code that g++ rejects, which broke .cu files including mirror.)
 
   /// A leaf in device memory is used in place; a host leaf is copied to a staging buffer on
   /// `self`'s device (and copied back by `detach`).
@@ -143,7 +145,7 @@ class runtime {
   }
   template <class E>
   void detach(int self, pointer<E> p, std::span<E> leaf) {
-    impl::detach(*state_, self, {const_cast<std::remove_const_t<E>*>(p.ptr), p.device},
+    impl::detach(*state_, self, impl::located{const_cast<std::remove_const_t<E>*>(p.ptr), p.device},
                  const_cast<std::remove_const_t<E>*>(leaf.data()), leaf.size_bytes());
   }
   template <class E>
@@ -170,17 +172,17 @@ class runtime {
   template <class E>
   void copy(int self, pointer<E> dst, pointer<E> src, std::size_t n) {
     if (n == 0 || dst == src) return;
-    impl::copy(*state_, self, {dst.ptr, dst.device}, {const_cast<std::remove_const_t<E>*>(src.ptr), src.device},
-               n * sizeof(E));
+    impl::copy(*state_, self, impl::located{dst.ptr, dst.device},
+               impl::located{const_cast<std::remove_const_t<E>*>(src.ptr), src.device}, n * sizeof(E));
   }
   template <class E>
   void combine(int self, ReduceOp op, pointer<E> dst, pointer<E> src, std::size_t n) {
-    impl::combine(*state_, self, op, element_type_of<E>(), {dst.ptr, dst.device},
-                  {const_cast<std::remove_const_t<E>*>(src.ptr), src.device}, n, sizeof(E));
+    impl::combine(*state_, self, op, element_type_of<E>(), impl::located{dst.ptr, dst.device},
+                  impl::located{const_cast<std::remove_const_t<E>*>(src.ptr), src.device}, n, sizeof(E));
   }
   template <class E>
   void divide(int self, pointer<E> p, std::size_t n, std::size_t count) {
-    impl::divide(*state_, self, element_type_of<E>(), {p.ptr, p.device}, n, count, sizeof(E));
+    impl::divide(*state_, self, element_type_of<E>(), impl::located{p.ptr, p.device}, n, count, sizeof(E));
   }
 
   // ---- for backends (NCCL), tests and benchmarks ----

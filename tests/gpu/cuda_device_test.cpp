@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// devices::Cuda on a real GPU: device leaves reduced in place, errors, NCCL's refusal.
+// devices::Cuda on a real GPU: device leaves reduced in place, errors, NCCL's refusal, and
+// thrust::device_vector leaves from a file nvcc compiled with mirror (gpu/thrust_leaves.cu).
 #include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>  // pinned and device memory for the staging cases
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <tuple>
 #include <vector>
 #include <mirror/mirror.hpp>
+#include "gpu/thrust_leaves.hpp"
 
 using mirror::ReduceOp;
 
@@ -244,4 +246,20 @@ TEST_CASE("cuda: staging from pinned memory is complete when run returns; device
   static_assert(mirror::detail::staged_on_device<std::tuple<mirror::cuda::device_span<float>, std::vector<int>>>);
   static_assert(mirror::detail::staged_on_device<std::tuple<mirror::cuda::device_span<const float>, std::vector<int>>>);
   static_assert(!mirror::detail::staged_on_device<mirror::cuda::device_span<const float>>);
+}
+
+TEST_CASE("cuda: thrust::device_vector leaves, from a .cu that includes mirror, are all-reduced on the GPU",
+          "[cuda][thrust]") {
+  for (const int R : {1, 2, 3}) {
+    constexpr std::size_t n = 100003;
+    const auto got = mirror::test::thrust_leaf_all_reduce(R, n);
+    REQUIRE(got.ids.size() == static_cast<std::size_t>(R));
+    // Replica r held 2 (r + 1) after its kernel; the sum over replicas is R (R + 1), the max 2R.
+    for (int r = 0; r < R; ++r) {
+      REQUIRE(got.ids[static_cast<std::size_t>(r)] == r);
+      REQUIRE(got.own[static_cast<std::size_t>(r)] == std::vector<float>(n, 2.0f * float(r + 1)));
+      REQUIRE(got.synced[static_cast<std::size_t>(r)] == std::vector<float>(n, float(R * (R + 1))));
+    }
+    REQUIRE(got.reduced == std::vector<float>(n, 2.0f * float(R)));
+  }
 }
