@@ -59,6 +59,9 @@ int replicas_per_gpu(const state&) noexcept;
 std::span<const int> gpus(const state&) noexcept;
 void* stream_of(const state&, int replica) noexcept;  // a cudaStream_t
 bool bind(state&, int replica) noexcept;               // make replica's device current; false on failure
+void unbind() noexcept;                                // current_stream() is null again
+int current_device() noexcept;                         // the thread's current device; -1 if unknown
+void restore_device(int device) noexcept;              // makes it current again (no-op for -1)
 [[noreturn]] void throw_bind_error(state&);
 void begin_parallel(state&) noexcept;
 void before_arrival(state&, int self);
@@ -102,6 +105,8 @@ class runtime {
   void parallel(F&& f) {
     static_assert(std::is_nothrow_invocable_v<F&, int>, "runtime::parallel(f): f(int) must be noexcept");
     impl::begin_parallel(*state_);
+    // The calling thread runs replica 0: afterwards it has its own device back, and no stream.
+    const int caller_device = impl::current_device();
     std::atomic<bool> failed{false};
     host_.parallel([&](int r) noexcept {
       // A replica whose device cannot be made current runs nothing; the others' collectives are
@@ -112,7 +117,9 @@ class runtime {
         return;
       }
       f(r);
+      impl::unbind();
     });
+    impl::restore_device(caller_device);
     if (failed.load()) impl::throw_bind_error(*state_);
   }
 

@@ -248,6 +248,62 @@ TEST_CASE("cuda: staging from pinned memory is complete when run returns; device
   static_assert(!mirror::detail::staged_on_device<mirror::cuda::device_span<const float>>);
 }
 
+TEST_CASE("cuda: run gives the calling thread its device back and leaves no current stream",
+          "[cuda][device]") {
+  // The caller's thread runs replica 0 with that replica's device current; afterwards it is the
+  // caller's again, and current_stream() is null, as its documentation says.
+  const int gpus = mirror::cuda::device_count();
+  const int last = gpus - 1;
+  REQUIRE(cudaSetDevice(last) == cudaSuccess);
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 2}};
+  int device = -1;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  REQUIRE(device == last);  // construction too
+  std::vector<void*> streams(2);
+  const auto sums = s.run([&](auto& ctx) {
+    streams[static_cast<std::size_t>(ctx.replica_id_in_sync_group())] = mirror::cuda::current_stream();
+    // A buffer on another GPU made inside fn leaves the replica's device current for what follows.
+    mirror::cuda::device_buffer<float> elsewhere(last, 16);
+    elsewhere.upload(std::vector<float>(16, 1.0f));
+    return ctx.all_reduce(ReduceOp::sum, 1.0f);
+  });
+  REQUIRE(sums.primary() == 2.0f);
+  REQUIRE(streams[0] != nullptr);
+  REQUIRE(streams[0] != streams[1]);
+  REQUIRE(mirror::cuda::current_stream() == nullptr);
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  REQUIRE(device == last);
+  // The buffer helpers leave the caller's device alone too.
+  mirror::cuda::device_buffer<float> b(0, 4);
+  b.upload(std::vector<float>(4, 2.0f));
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  REQUIRE(device == last);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+}
+
+TEST_CASE("cuda: an error an earlier call left behind is not reported by the next kernel launch",
+          "[cuda][device]") {
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 2}};
+  std::vector<mirror::cuda::device_buffer<float>> buffers;
+  for (int r = 0; r < 2; ++r) {
+    buffers.emplace_back(0, 1000);
+    buffers.back().upload(std::vector<float>(1000, float(r + 1)));
+  }
+  s.run([&](auto& ctx) {
+    // A failed call leaves its (non-sticky) error as the thread's last error; the combine kernel's
+    // launch check must not take it for its own.
+    void* p = nullptr;
+    (void)cudaMalloc(&p, std::size_t{1} << 62);
+    ctx.all_reduce(ReduceOp::sum, buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())].span());
+  });
+  std::vector<float> host(1000);
+  buffers[1].download(host);
+  REQUIRE(host == std::vector<float>(1000, 3.0f));
+  // A thrown CUDA failure leaves nothing behind either.
+  REQUIRE_THROWS_AS((mirror::cuda::device_buffer<float>(0, std::size_t{1} << 61)), mirror::backend_error);
+  REQUIRE(cudaPeekAtLastError() == cudaSuccess);
+}
+
 TEST_CASE("cuda: thrust::device_vector leaves, from a .cu that includes mirror, are all-reduced on the GPU",
           "[cuda][thrust]") {
   for (const int R : {1, 2, 3}) {
