@@ -112,26 +112,42 @@ TEST_CASE("cuda: NcclAllReduce refuses several replicas on one GPU and names the
 }
 
 TEST_CASE("cuda: NcclAllReduce on every GPU reduces device leaves in place", "[cuda][nccl_all_reduce]") {
-  mirror::Strategy<mirror::devices::Cuda, mirror::ops::NcclAllReduce> s{};
+  // One rank per GPU: on a one-GPU machine a single-rank communicator, which runs the same NCCL
+  // path (group, non-blocking enqueue, completion ring). A one-rank all-reduce returns its input,
+  // so there the values alone cannot tell; NcclAllReduce::enqueued shows NCCL was handed both.
+  using Nccl = mirror::ops::NcclAllReduce;
+  mirror::Strategy<mirror::devices::Cuda, Nccl> s{};
   const int R = s.num_replicas_in_sync();
   constexpr std::size_t n = 4099;
   std::vector<mirror::cuda::device_buffer<double>> buffers;
-  for (int r = 0; r < R; ++r) {
-    buffers.emplace_back(s.runtime().device_of(r), n);
-    buffers.back().upload(std::vector<double>(n, double(r)));
-  }
+  for (int r = 0; r < R; ++r) buffers.emplace_back(s.runtime().device_of(r), n);
   for (const auto op : {ReduceOp::sum, ReduceOp::max}) {
-    for (int r = 0; r < R; ++r) buffers[static_cast<std::size_t>(r)].upload(std::vector<double>(n, double(r)));
+    for (int r = 0; r < R; ++r) buffers[static_cast<std::size_t>(r)].upload(std::vector<double>(n, double(r + 1)));
     s.run([&](auto& ctx) {
       ctx.all_reduce(op, buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())].span());
     });
-    const double want = op == ReduceOp::sum ? double(R * (R - 1) / 2) : double(R - 1);
+    const double want = op == ReduceOp::sum ? double(R * (R + 1) / 2) : double(R);
     for (auto& b : buffers) {
       std::vector<double> host(n);
       b.download(host);
       REQUIRE(host == std::vector<double>(n, want));
     }
   }
+  for (int r = 0; r < R; ++r) REQUIRE(Nccl::enqueued(s.runtime(), r) == 2);
+  // Several leaves of two element types, packed: a mean of integers divides after NCCL's sum.
+  std::vector<mirror::cuda::device_buffer<std::int32_t>> ints;
+  for (int r = 0; r < R; ++r) {
+    ints.emplace_back(s.runtime().device_of(r), 3);
+    ints.back().upload(std::vector<std::int32_t>{10 * (r + 1), 7, -5});
+  }
+  s.run([&](auto& ctx) {
+    const auto r = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+    ctx.all_reduce(ReduceOp::mean, std::tuple{ints[r].span(), buffers[r].span()});
+  });
+  std::vector<std::int32_t> got(3);
+  ints[0].download(got);
+  REQUIRE(got == std::vector<std::int32_t>{5 * (R + 1), 7, -5});
+  for (int r = 0; r < R; ++r) REQUIRE(Nccl::enqueued(s.runtime(), r) == 4);  // one group per element type
 }
 #endif
 
