@@ -20,8 +20,12 @@ namespace gpu = fashion_mnist::gpu;
 
 namespace {
 
-// cublasSgemm's definition, on the host: C = op(A) op(B), column-major, alpha 1, beta 0.
+// cublasSgemm's definition, on the host: C = op(A) op(B), column-major, alpha 1, beta 0. First
+// the leading-dimension rules for which cuBLAS returns CUBLAS_STATUS_INVALID_VALUE.
 void column_major_sgemm(const gpu::gemm_call& g) {
+  REQUIRE(g.lda >= std::max(1, g.transa ? g.k : g.m));
+  REQUIRE(g.ldb >= std::max(1, g.transb ? g.n : g.k));
+  REQUIRE(g.ldc >= std::max(1, g.m));
   for (int j = 0; j < g.n; ++j) {
     for (int i = 0; i < g.m; ++i) {
       float s = 0.0f;
