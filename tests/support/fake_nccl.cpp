@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // The scripted CUDA runtime and NCCL of tests/support/fake_nccl.hpp: the functions
-// backends/nccl/nccl_comms.cpp calls, with the signatures of <cuda_runtime_api.h> and <nccl.h>,
-// defined over host memory. Rules it checks (each broken one is a violation): no NCCL call on a
-// communicator while another thread is inside one on it, none after ncclCommAbort freed it, no
-// abort while another thread is inside a call; communicators non-blocking. What it models:
-// cudaEventQuery's cudaErrorNotReady stays as the thread's last error (as the issue found), a
-// collective is enqueued (ncclGroupEnd's ncclInProgress resolves) only once every rank has
-// launched it, and completes then unless its rank is scripted to hang.
+// backends/cuda/cuda_runtime.cpp and backends/nccl/nccl_comms.cpp call, with the signatures of
+// <cuda_runtime_api.h> and <nccl.h>, defined over host memory; streams run everything at once.
+// Rules it checks (each broken one is a violation): a kernel goes on a stream of the current
+// device and reads memory that device can reach (its own, or a peer's with access enabled); no
+// NCCL call on a communicator while another thread is inside one on it, none after
+// ncclCommAbort freed it, no abort while another thread is inside a call; communicators
+// non-blocking. What it models: a failed call, and cudaEventQuery's cudaErrorNotReady, stay as
+// the thread's last error (as the issue found), and a launch reports that error as its own, as a
+// launch check that reads cudaGetLastError() does; a collective is enqueued (ncclGroupEnd's
+// ncclInProgress resolves) only once every rank has launched it, and completes then unless its
+// rank is scripted to hang.
 #include "support/fake_nccl.hpp"
 
 #include <cuda_runtime_api.h>
@@ -16,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -53,6 +58,13 @@ struct last_collective {
   int rank = -1;
 };
 std::map<cudaStream_t, last_collective> stream_last;
+
+struct allocation {
+  std::size_t bytes;
+  int device;
+};
+std::map<const char*, allocation> allocations;  // device memory, by base address
+bool peer_enabled[8][8] = {};
 
 thread_local int device = 0;
 thread_local cudaError_t last = cudaSuccess;
@@ -129,6 +141,9 @@ void reset(const script& s) {
   worlds.clear();
   all_comms.clear();
   stream_last.clear();
+  for (auto& row : peer_enabled) {
+    for (bool& b : row) b = false;
+  }
 }
 record snapshot() {
   std::lock_guard g(lock);
@@ -147,7 +162,7 @@ cudaError_t cudaGetDevice(int* d) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) {
-  if (d < 0 || d >= 8) return last = cudaErrorInvalidDevice;
+  if (d < 0 || d >= 8 || d >= plan.devices) return last = cudaErrorInvalidDevice;
   device = d;
   return cudaSuccess;
 }
@@ -172,6 +187,79 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   e->waits_for = stream_last[s];
   return cudaSuccess;
 }
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = plan.devices;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) {
+  *can = plan.can_access_peer ? 1 : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int) {
+  if (plan.enable_peer_error != 0) return last = static_cast<cudaError_t>(plan.enable_peer_error);
+  std::lock_guard g(lock);
+  if (peer_enabled[device][peer]) return last = cudaErrorPeerAccessAlreadyEnabled;
+  peer_enabled[device][peer] = true;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  *s = new CUstream_st{-1, device};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaMalloc(void** p, std::size_t bytes) {
+  if (bytes > (std::size_t{1} << 36)) return last = cudaErrorMemoryAllocation;
+  char* mem = new char[bytes];
+  std::lock_guard g(lock);
+  allocations[mem] = {bytes, device};
+  *p = mem;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  std::lock_guard g(lock);
+  const auto it = allocations.find(static_cast<const char*>(p));
+  if (it == allocations.end()) return last = cudaErrorInvalidValue;
+  delete[] it->first;
+  allocations.erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  std::lock_guard g(lock);
+  *a = {};
+  a->type = cudaMemoryTypeUnregistered;
+  a->device = -2;
+  auto it = allocations.upper_bound(static_cast<const char*>(p));
+  if (it != allocations.begin()) {
+    --it;
+    if (static_cast<const char*>(p) < it->first + it->second.bytes) {
+      a->type = cudaMemoryTypeDevice;
+      a->device = it->second.device;
+    }
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind) {
+  std::memcpy(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind, cudaStream_t) {
+  std::memcpy(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyPeerAsync(void* dst, int, const void* src, int, std::size_t n, cudaStream_t) {
+  std::memcpy(dst, src, n);
+  std::lock_guard g(lock);
+  ++seen.peer_copies;
+  return cudaSuccess;
+}
+
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   std::lock_guard g(lock);
   if (collective_done(e->waits_for)) return cudaSuccess;
@@ -179,18 +267,85 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   return last = cudaErrorNotReady;  // the runtime leaves it as the thread's last error
 }
 
-// kernels.hpp's launcher, as a launch check sees it: the thread's last error, whatever left it.
-namespace mirror::cuda::impl {
-int launch_divide(void*, element_type type, void* p, std::size_t n, std::size_t count) noexcept {
-  const cudaError_t e = last;
+// kernels.hpp's launchers, as a launch check sees them: the thread's last error, whatever left
+// it; then CUDA's rules for a launch (the stream's device current, the memory reachable from it);
+// then the arithmetic, for the element types the tests use.
+namespace {
+
+// cudaSuccess, or why this launch on `s` touching `ptrs` would fail on a GPU.
+cudaError_t launch_error(cudaStream_t s, std::initializer_list<const void*> ptrs) {
+  const cudaError_t stale = last;
   last = cudaSuccess;
-  if (e != cudaSuccess) return static_cast<int>(e);
-  if (type == element_type::i32) {
-    for (std::size_t i = 0; i < n; ++i) static_cast<std::int32_t*>(p)[i] /= static_cast<std::int32_t>(count);
+  if (stale != cudaSuccess) return stale;
+  if (s != nullptr && s->rank < 0 && s->device != device) {
+    violation("a kernel launched on a stream of device " + std::to_string(s->device) + " while device " +
+              std::to_string(device) + " was current");
+    return cudaErrorInvalidResourceHandle;
+  }
+  std::lock_guard g(lock);
+  for (const void* p : ptrs) {
+    auto it = allocations.upper_bound(static_cast<const char*>(p));
+    if (it == allocations.begin()) continue;  // not device memory (a test's own host buffers)
+    --it;
+    if (static_cast<const char*>(p) >= it->first + it->second.bytes) continue;
+    const int d = it->second.device;
+    if (d != device && !peer_enabled[device][d]) {
+      seen.violations.push_back("a kernel on device " + std::to_string(device) + " touched device " +
+                                std::to_string(d) + "'s memory without peer access");
+      return cudaErrorIllegalAddress;
+    }
+  }
+  ++seen.launches;
+  return cudaSuccess;
+}
+
+template <class T>
+void combine(mirror::ReduceOp op, T* d, const T* s, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    switch (op) {
+      case mirror::ReduceOp::sum:
+      case mirror::ReduceOp::mean: d[i] = static_cast<T>(d[i] + s[i]); break;
+      case mirror::ReduceOp::prod: d[i] = static_cast<T>(d[i] * s[i]); break;
+      case mirror::ReduceOp::min: d[i] = s[i] < d[i] ? s[i] : d[i]; break;
+      case mirror::ReduceOp::max: d[i] = d[i] < s[i] ? s[i] : d[i]; break;
+    }
+  }
+}
+
+template <class T>
+void divide(T* p, std::size_t n, std::size_t count) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(count));
+}
+
+}  // namespace
+
+namespace mirror::cuda::impl {
+int launch_divide(void* stream, element_type type, void* p, std::size_t n, std::size_t count) noexcept {
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), {p})) return static_cast<int>(e);
+  switch (type) {
+    case element_type::f32: divide(static_cast<float*>(p), n, count); break;
+    case element_type::f64: divide(static_cast<double*>(p), n, count); break;
+    case element_type::i32: divide(static_cast<std::int32_t*>(p), n, count); break;
+    case element_type::i64: divide(static_cast<std::int64_t*>(p), n, count); break;
+    default: return cudaErrorNotSupported;
   }
   return 0;
 }
-int launch_combine(void*, ReduceOp, element_type, void*, const void*, std::size_t) noexcept { return 0; }
+int launch_combine(void* stream, ReduceOp op, element_type type, void* dst, const void* src, std::size_t n) noexcept {
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), {dst, src})) return static_cast<int>(e);
+  switch (type) {
+    case element_type::f32: combine(op, static_cast<float*>(dst), static_cast<const float*>(src), n); break;
+    case element_type::f64: combine(op, static_cast<double*>(dst), static_cast<const double*>(src), n); break;
+    case element_type::i32:
+      combine(op, static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(src), n);
+      break;
+    case element_type::i64:
+      combine(op, static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(src), n);
+      break;
+    default: return cudaErrorNotSupported;
+  }
+  return 0;
+}
 }  // namespace mirror::cuda::impl
 
 // ---- NCCL ----

@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// A scripted stand-in for the CUDA runtime and NCCL functions that backends/nccl/nccl_comms.cpp
-// calls (tests/support/fake_nccl.cpp), so that its watchdog, error and locking paths run in
-// CPU-only CI: a test links libmirror_nccl's object with the fake instead of libcudart and
-// libnccl. Ranks are threads of the test; buffers are host memory; a "stream" is a
-// fake_nccl::stream. The fake checks NCCL's rules as it goes and counts what breaks them.
+// A scripted stand-in for the CUDA runtime and NCCL functions that backends/cuda/cuda_runtime.cpp
+// and backends/nccl/nccl_comms.cpp call (tests/support/fake_nccl.cpp), so that their device,
+// error, watchdog and locking paths run in CPU-only CI: a test links libmirror_cuda's or
+// libmirror_nccl's object with the fake instead of libcudart and libnccl. "GPUs" are numbers,
+// their memory is host memory that the fake tracks, a "stream" belongs to the device current
+// when it was made (tests may make their own: fake_nccl::stream), and ranks are threads. The
+// fake checks CUDA's and NCCL's rules as it goes and records what breaks them.
 #include <string>
 #include <vector>
 
 struct CUstream_st {
   int rank;
+  int device = 0;
 };
 
 namespace fake_nccl {
@@ -24,6 +27,9 @@ struct script {
   int enqueue_async = 0;        // the state a communicator settles in once every rank enqueued
   int fail_all_reduce_call = 0; // the n-th ncclAllReduce call (1-based) fails; 0: none
   int hang_rank = -1;           // this rank's collectives never complete (its events stay not ready)
+  int devices = 8;              // cudaGetDeviceCount
+  bool can_access_peer = true;  // cudaDeviceCanAccessPeer's answer for every pair
+  int enable_peer_error = 0;    // what cudaDeviceEnablePeerAccess fails with (0: it succeeds)
 };
 void reset(const script& s = {});
 
@@ -34,6 +40,8 @@ struct record {
   int aborts = 0;             // ncclCommAbort
   int destroys = 0;           // ncclCommDestroy
   int not_ready_queries = 0;  // cudaEventQuery answered cudaErrorNotReady
+  int launches = 0;           // launch_combine and launch_divide that ran
+  int peer_copies = 0;        // cudaMemcpyPeerAsync
   std::vector<std::string> violations;  // NCCL's or CUDA's rules broken (must stay empty)
 };
 record snapshot();
