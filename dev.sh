@@ -10,13 +10,20 @@
 #   ./dev.sh test    [tsan|asan] [-- ARGS...]    install what is missing, build, run the
 #                                                whole test suite (ARGS go to meson test,
 #                                                e.g. -- --suite mirror)
+#   ./dev.sh gpu-kit                             install what is missing, build the GPU kit into
+#                                                build-gpu-kit/kit/ (the GPU tests, benchmark and
+#                                                trainer, and run.sh to run them all on a GPU
+#                                                machine: build-gpu-kit/kit/run.sh OUTDIR) and
+#                                                copy the Fashion-MNIST data beside it
+#                                                (build-gpu-kit/fashion-mnist); needs CUDA + NCCL
 #   ./dev.sh bench   [-- ARGS...]                install what is missing (plus gnuplot for
 #                                                the plots), run bench/report.sh
 #                                                (ARGS go to it, e.g. -- --quick):
 #                                                bench/results/report.md and PNGs (docs/performance.md)
 #
-# Build directories: build (plain; also builds bench/ and runs its smoke tests), build-tsan
-# (-Db_sanitize=thread), build-asan (-Db_sanitize=address,undefined), build-bench (bench).
+# Build directories: build (plain; also builds bench/ and runs its smoke tests, and assembles
+# the GPU kit into build/kit as the test gpu_kit), build-tsan (-Db_sanitize=thread), build-asan
+# (-Db_sanitize=address,undefined), build-bench (bench), build-gpu-kit (gpu-kit: no MPI).
 # Re-running reuses them (meson setup --reconfigure, which also picks up headers added since
 # the last configure).
 # Packages are installed with apt-get only when one is missing (sudo when not root).
@@ -155,6 +162,15 @@ case $cmd in
     meson compile -C "$build_dir"
     log "meson test -C $build_dir --print-errorlogs ${timeout_multiplier[*]} ${test_args[*]}"
     "${run_prefix[@]}" meson test -C "$build_dir" --print-errorlogs "${timeout_multiplier[@]}" "${test_args[@]}"
+    ;;
+  gpu-kit)
+    [[ $variant == plain ]] || die "gpu-kit builds without sanitizers (its programs run on another machine)"
+    install_missing
+    # Only what the kit needs: no MPI (the GPU machine has none), no CPU benchmarks.
+    configure build-gpu-kit -Dtests=enabled -Dexamples=true -Dbenchmarks=false -Dmpi=disabled \
+      -Dcuda=enabled -Dnccl=enabled -Dgpu_kit=enabled
+    meson compile -C build-gpu-kit gpu-kit
+    log "the kit: build-gpu-kit/kit (run it there with: kit/run.sh OUTDIR)"
     ;;
   bench)
     [[ $variant == plain ]] || die "bench measures the plain (debugoptimized) build only"

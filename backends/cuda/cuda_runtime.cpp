@@ -5,6 +5,7 @@
 
 #include <backends/cuda/cuda_runtime.hpp>
 #include <backends/cuda/cuda_device.hpp>
+#include <backends/cuda/device_guard.hpp>
 #include <backends/cuda/kernels.hpp>
 #include <cuda_runtime_api.h>
 #include <algorithm>
@@ -31,6 +32,10 @@ namespace {
 thread_local void* current = nullptr;  // set by bind() on the replica's thread
 
 [[noreturn]] void fail(cudaError_t e, const std::string& what) {
+  // The error is reported here, by the exception: a non-sticky one must not also stay behind as
+  // the thread's last error, where the next cudaGetLastError() (a kernel launch's check, the
+  // caller's own) would report it again as its own failure.
+  (void)cudaGetLastError();
   throw backend_error("mirror::devices::Cuda: " + what + " failed: " + cudaGetErrorName(e) + " (" +
                           cudaGetErrorString(e) + ")",
                       static_cast<long>(e));
@@ -39,6 +44,22 @@ thread_local void* current = nullptr;  // set by bind() on the replica's thread
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail(e, what);
 }
+
+struct runtime_api {
+  static int current() {
+    int d = 0;
+    check(cudaGetDevice(&d), "cudaGetDevice");
+    return d;
+  }
+  static void make_current(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+  static void restore(int device) noexcept {
+    if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+  }
+};
+// Every entry point below that enqueues work or allocates holds one: the stream or the memory is
+// the replica's device's, whichever device the calling thread had current, and the thread gets
+// its own device back afterwards.
+using device_guard = basic_device_guard<runtime_api>;
 
 struct buffer {
   void* ptr = nullptr;
@@ -78,6 +99,7 @@ struct state {
 
   ~state() {
     // Best effort: nothing here may throw, and a broken device must not stop the rest.
+    const int previous = current_device();
     for (auto& rep : replicas) {
       if (cudaSetDevice(rep.device) != cudaSuccess) continue;
       if (rep.stream != nullptr) (void)cudaStreamSynchronize(rep.stream);
@@ -90,6 +112,7 @@ struct state {
       }
       if (rep.stream != nullptr) (void)cudaStreamDestroy(rep.stream);
     }
+    restore_device(previous);
     (void)cudaGetLastError();
   }
 };
@@ -102,7 +125,7 @@ namespace {
 // streams are idle (other replicas may still read or write it).
 void grow(buffer& b, std::size_t bytes, int device, state& s, int only_replica) {
   if (bytes <= b.bytes && b.ptr != nullptr) return;
-  check(cudaSetDevice(device), "cudaSetDevice");
+  const device_guard on(device);
   if (b.ptr != nullptr) {
     if (only_replica >= 0) {
       check(cudaStreamSynchronize(s.at(only_replica).stream), "cudaStreamSynchronize before growing a buffer");
@@ -157,8 +180,6 @@ state* create_state(std::span<const int> gpus, int replicas_per_gpu) {
       s->gpus.push_back(g);
     }
   }
-  int previous = 0;
-  check(cudaGetDevice(&previous), "cudaGetDevice");
   s->max_ordinal = *std::max_element(s->gpus.begin(), s->gpus.end());
   const std::size_t side = static_cast<std::size_t>(s->max_ordinal + 1);
   s->peer.assign(side * side, 0);
@@ -166,7 +187,7 @@ state* create_state(std::span<const int> gpus, int replicas_per_gpu) {
   for (std::size_t r = 0; r < s->replicas.size(); ++r) {
     replica_state& rep = s->replicas[r];
     rep.device = s->gpus[r / static_cast<std::size_t>(replicas_per_gpu)];
-    check(cudaSetDevice(rep.device), "cudaSetDevice");
+    const device_guard on(rep.device);
     // A blocking stream (not cudaStreamNonBlocking): it orders with the legacy default stream,
     // where Thrust's device_vector copies run, so they see the replica's earlier kernels.
     check(cudaStreamCreate(&rep.stream), "cudaStreamCreate");
@@ -181,17 +202,15 @@ state* create_state(std::span<const int> gpus, int replicas_per_gpu) {
       int can = 0;
       check(cudaDeviceCanAccessPeer(&can, a, b), "cudaDeviceCanAccessPeer");
       if (can == 0) continue;
-      check(cudaSetDevice(a), "cudaSetDevice");
+      const device_guard on(a);
       const cudaError_t pe = cudaDeviceEnablePeerAccess(b, 0);
-      if (pe == cudaErrorPeerAccessAlreadyEnabled) {
-        (void)cudaGetLastError();
-      } else {
-        check(pe, "cudaDeviceEnablePeerAccess");
-      }
+      // Any other failure (cudaErrorTooManyPeers on a 16-GPU node, a link the driver refuses) is
+      // not fatal: this pair copies through host memory, as pairs without peer access do.
+      if (pe != cudaSuccess) (void)cudaGetLastError();
+      if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled) continue;
       s->peer[static_cast<std::size_t>(a) * side + static_cast<std::size_t>(b)] = 1;
     }
   }
-  check(cudaSetDevice(previous), "cudaSetDevice");
   return s.release();
 }
 
@@ -201,10 +220,26 @@ int replicas_per_gpu(const state& s) noexcept { return s.per_gpu; }
 std::span<const int> gpus(const state& s) noexcept { return s.gpus; }
 void* stream_of(const state& s, int r) noexcept { return s.replicas[static_cast<std::size_t>(r)].stream; }
 
+int current_device() noexcept {
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return d;
+}
+
+void restore_device(int device) noexcept {
+  if (device >= 0) runtime_api::restore(device);
+}
+
+void unbind() noexcept { current = nullptr; }
+
 bool bind(state& s, int r) noexcept {
   const cudaError_t e = cudaSetDevice(s.at(r).device);
   current = s.at(r).stream;
   if (e == cudaSuccess) return true;
+  (void)cudaGetLastError();
   current = nullptr;
   std::lock_guard lock(s.bind_mutex);
   if (s.bind_replica < 0) {
@@ -255,6 +290,7 @@ void after_arrival(state& s, int self) {
 located attach(state& s, int self, void* host, std::size_t bytes) {
   replica_state& me = s.at(self);
   if (bytes == 0) return {host, me.device};
+  const device_guard on(me.device);
   cudaPointerAttributes attributes{};
   check(cudaPointerGetAttributes(&attributes, host), "cudaPointerGetAttributes");
   if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
@@ -271,6 +307,7 @@ located attach(state& s, int self, void* host, std::size_t bytes) {
 void detach(state& s, int self, located dev, void* host, std::size_t bytes) {
   replica_state& me = s.at(self);
   if (bytes == 0 || dev.ptr == host) return;
+  const device_guard on(me.device);
   check(cudaMemcpyAsync(host, dev.ptr, bytes, cudaMemcpyDeviceToHost, me.stream), "cudaMemcpyAsync to the host");
   if (--me.attached == 0) {
     me.next_staging = 0;
@@ -283,6 +320,7 @@ located stage_argument(state& s, int self, std::size_t slot, const void* host, s
   replica_state& me = s.at(self);
   if (me.arguments.size() <= slot) me.arguments.resize(slot + 1);
   if (bytes == 0) return {nullptr, me.device};
+  const device_guard on(me.device);
   cudaPointerAttributes attributes{};
   check(cudaPointerGetAttributes(&attributes, host), "cudaPointerGetAttributes");
   const bool on_device = attributes.type == cudaMemoryTypeDevice;
@@ -312,12 +350,12 @@ located stage_argument(state& s, int self, std::size_t slot, const void* host, s
 located scratch(state& s, int self, std::size_t bytes) {
   replica_state& me = s.at(self);
   grow(me.scratch, bytes, me.device, s, -1);  // other replicas use it: all streams must be idle
-  check(cudaSetDevice(me.device), "cudaSetDevice");
   return {me.scratch.ptr, me.device};
 }
 
 void copy(state& s, int self, located dst, located src, std::size_t bytes) {
   replica_state& me = s.at(self);
+  const device_guard on(me.device);
   if (dst.device == src.device) {
     check(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice, me.stream), "cudaMemcpyAsync");
   } else {
@@ -329,6 +367,7 @@ void combine(state& s, int self, ReduceOp op, element_type type, located dst, lo
              std::size_t element_bytes) {
   if (n == 0) return;
   replica_state& me = s.at(self);
+  const device_guard on(me.device);  // the kernel goes on me.stream: its device must be current
   if (s.reaches(me.device, dst.device) && s.reaches(me.device, src.device)) {
     const int e = launch_combine(me.stream, op, type, dst.ptr, src.ptr, n);
     if (e != 0) fail(static_cast<cudaError_t>(e), "the combine kernel launch");
@@ -337,7 +376,6 @@ void combine(state& s, int self, ReduceOp op, element_type type, located dst, lo
   // No peer access: bring both operands to this replica's device, combine, send the result back.
   const std::size_t bytes = n * element_bytes;
   grow(me.combine_stage, 2 * bytes, me.device, s, self);
-  check(cudaSetDevice(me.device), "cudaSetDevice");
   const located a{me.combine_stage.ptr, me.device};
   const located b{static_cast<char*>(me.combine_stage.ptr) + bytes, me.device};
   copy(s, self, a, dst, bytes);
@@ -351,6 +389,7 @@ void divide(state& s, int self, element_type type, located p, std::size_t n, std
             std::size_t element_bytes) {
   if (n == 0) return;
   replica_state& me = s.at(self);
+  const device_guard on(me.device);
   if (s.reaches(me.device, p.device)) {
     const int e = launch_divide(me.stream, type, p.ptr, n, count);
     if (e != 0) fail(static_cast<cudaError_t>(e), "the divide kernel launch");
@@ -358,7 +397,6 @@ void divide(state& s, int self, element_type type, located p, std::size_t n, std
   }
   const std::size_t bytes = n * element_bytes;
   grow(me.combine_stage, bytes, me.device, s, self);
-  check(cudaSetDevice(me.device), "cudaSetDevice");
   const located a{me.combine_stage.ptr, me.device};
   copy(s, self, a, p, bytes);
   const int e = launch_divide(me.stream, type, a.ptr, n, count);
@@ -366,7 +404,10 @@ void divide(state& s, int self, element_type type, located p, std::size_t n, std
   copy(s, self, p, a, bytes);
 }
 
-void synchronize(state& s, int r) { check(cudaStreamSynchronize(s.at(r).stream), "cudaStreamSynchronize"); }
+void synchronize(state& s, int r) {
+  const device_guard on(s.at(r).device);
+  check(cudaStreamSynchronize(s.at(r).stream), "cudaStreamSynchronize");
+}
 
 }  // namespace impl
 
@@ -376,8 +417,10 @@ void* current_stream() noexcept { return impl::current; }
 
 namespace mirror::cuda::impl {
 
+// These are called from anywhere (inside fn too, for another GPU's buffer): each leaves the
+// thread's current device as it found it.
 void* buffer_allocate(int device, std::size_t bytes) {
-  check(cudaSetDevice(device), "cudaSetDevice");
+  const device_guard on(device);
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
   if (e != cudaSuccess) fail(e, "cudaMalloc of " + std::to_string(bytes) + " bytes on device " + std::to_string(device));
@@ -387,22 +430,22 @@ void* buffer_allocate(int device, std::size_t bytes) {
 void buffer_free(int device, void* p) noexcept {
   if (p == nullptr) return;
   int previous = 0;
-  (void)cudaGetDevice(&previous);
-  (void)cudaSetDevice(device);
-  (void)cudaFree(p);
-  (void)cudaSetDevice(previous);
+  const bool known = cudaGetDevice(&previous) == cudaSuccess;
+  if (cudaSetDevice(device) == cudaSuccess) (void)cudaFree(p);
+  if (known) (void)cudaSetDevice(previous);
+  (void)cudaGetLastError();  // nothing to report from a destructor; nothing left for the next check
 }
 
 // cudaMemcpy orders with the legacy default stream, which the replicas' blocking streams also
 // order with; the device synchronisation makes "the data is there" plain for the caller.
 void buffer_upload(int device, void* dst, const void* src, std::size_t bytes) {
-  check(cudaSetDevice(device), "cudaSetDevice");
+  const device_guard on(device);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
 }
 
 void buffer_download(int device, void* dst, const void* src, std::size_t bytes) {
-  check(cudaSetDevice(device), "cudaSetDevice");
+  const device_guard on(device);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
 }

@@ -59,6 +59,9 @@ int replicas_per_gpu(const state&) noexcept;
 std::span<const int> gpus(const state&) noexcept;
 void* stream_of(const state&, int replica) noexcept;  // a cudaStream_t
 bool bind(state&, int replica) noexcept;               // make replica's device current; false on failure
+void unbind() noexcept;                                // current_stream() is null again
+int current_device() noexcept;                         // the thread's current device; -1 if unknown
+void restore_device(int device) noexcept;              // makes it current again (no-op for -1)
 [[noreturn]] void throw_bind_error(state&);
 void begin_parallel(state&) noexcept;
 void before_arrival(state&, int self);
@@ -102,6 +105,8 @@ class runtime {
   void parallel(F&& f) {
     static_assert(std::is_nothrow_invocable_v<F&, int>, "runtime::parallel(f): f(int) must be noexcept");
     impl::begin_parallel(*state_);
+    // The calling thread runs replica 0: afterwards it has its own device back, and no stream.
+    const int caller_device = impl::current_device();
     std::atomic<bool> failed{false};
     host_.parallel([&](int r) noexcept {
       // A replica whose device cannot be made current runs nothing; the others' collectives are
@@ -112,7 +117,9 @@ class runtime {
         return;
       }
       f(r);
+      impl::unbind();
     });
+    impl::restore_device(caller_device);
     if (failed.load()) impl::throw_bind_error(*state_);
   }
 
@@ -133,6 +140,8 @@ class runtime {
   }
 
   // ---- memory plane ----
+  // (impl::located{...} is spelled out in the calls below: nvcc 13 mistranslates a bare braced
+  // argument there into host code that g++ rejects, which broke .cu files including mirror.)
 
   /// A leaf in device memory is used in place; a host leaf is copied to a staging buffer on
   /// `self`'s device (and copied back by `detach`).
@@ -143,7 +152,7 @@ class runtime {
   }
   template <class E>
   void detach(int self, pointer<E> p, std::span<E> leaf) {
-    impl::detach(*state_, self, {const_cast<std::remove_const_t<E>*>(p.ptr), p.device},
+    impl::detach(*state_, self, impl::located{const_cast<std::remove_const_t<E>*>(p.ptr), p.device},
                  const_cast<std::remove_const_t<E>*>(leaf.data()), leaf.size_bytes());
   }
   template <class E>
@@ -170,17 +179,17 @@ class runtime {
   template <class E>
   void copy(int self, pointer<E> dst, pointer<E> src, std::size_t n) {
     if (n == 0 || dst == src) return;
-    impl::copy(*state_, self, {dst.ptr, dst.device}, {const_cast<std::remove_const_t<E>*>(src.ptr), src.device},
-               n * sizeof(E));
+    impl::copy(*state_, self, impl::located{dst.ptr, dst.device},
+               impl::located{const_cast<std::remove_const_t<E>*>(src.ptr), src.device}, n * sizeof(E));
   }
   template <class E>
   void combine(int self, ReduceOp op, pointer<E> dst, pointer<E> src, std::size_t n) {
-    impl::combine(*state_, self, op, element_type_of<E>(), {dst.ptr, dst.device},
-                  {const_cast<std::remove_const_t<E>*>(src.ptr), src.device}, n, sizeof(E));
+    impl::combine(*state_, self, op, element_type_of<E>(), impl::located{dst.ptr, dst.device},
+                  impl::located{const_cast<std::remove_const_t<E>*>(src.ptr), src.device}, n, sizeof(E));
   }
   template <class E>
   void divide(int self, pointer<E> p, std::size_t n, std::size_t count) {
-    impl::divide(*state_, self, element_type_of<E>(), {p.ptr, p.device}, n, count, sizeof(E));
+    impl::divide(*state_, self, element_type_of<E>(), impl::located{p.ptr, p.device}, n, count, sizeof(E));
   }
 
   // ---- for backends (NCCL), tests and benchmarks ----

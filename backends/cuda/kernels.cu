@@ -82,12 +82,19 @@ unsigned blocks_for(std::size_t n) {
   return static_cast<unsigned>(b < max_blocks ? b : max_blocks);
 }
 
+// A launch reports its failure only through cudaGetLastError(), which also returns whatever an
+// earlier call on this thread left there (cudaEventQuery's cudaErrorNotReady, an error already
+// thrown as a backend_error): cleared first, so the check after the launch is the launch's own.
+// A sticky error is not lost: the launch itself fails with it again.
+void clear_stale_error() noexcept { (void)cudaGetLastError(); }
+
 }  // namespace
 
 /// Typed launchers, explicitly instantiated below for every supported element type.
 template <class T>
 int combine_as(void* stream, ReduceOp op, void* dst, const void* src, std::size_t n) noexcept {
   if (n == 0) return 0;
+  clear_stale_error();
   combine_kernel<T><<<blocks_for(n), threads_per_block, 0, static_cast<cudaStream_t>(stream)>>>(
       op, static_cast<T*>(dst), static_cast<const T*>(src), n);
   return static_cast<int>(cudaGetLastError());
@@ -96,6 +103,7 @@ int combine_as(void* stream, ReduceOp op, void* dst, const void* src, std::size_
 template <class T>
 int divide_as(void* stream, void* p, std::size_t n, std::size_t count) noexcept {
   if (n == 0) return 0;
+  clear_stale_error();
   divide_kernel<T><<<blocks_for(n), threads_per_block, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<T*>(p), n,
                                                                                                count);
   return static_cast<int>(cudaGetLastError());

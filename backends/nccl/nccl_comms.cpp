@@ -4,6 +4,11 @@
 // host: every wait polls ncclCommGetAsyncError and the completion event against a deadline,
 // and a deadline that passes aborts the communicators (ncclCommAbort), which is NCCL's
 // documented way to get a hung collective off the GPU.
+//
+// NCCL forbids using one communicator from two threads at once, and ncclCommAbort frees it: every
+// NCCL call on communicator i is made holding lock i, and abort_all takes each lock in turn, so it
+// never frees a communicator another replica's thread is inside; a thread that finds its
+// communicator gone (null) after an abort throws instead of calling NCCL.
 
 #include <backends/nccl/nccl_comms.hpp>
 #include <backends/cuda/kernels.hpp>
@@ -39,12 +44,20 @@ struct comms {
   int nranks = 0;      // NCCL ranks of the set: W*G across workers
   int first_rank = 0;  // this worker's local rank 0: w*G
   std::vector<int> devices;
-  std::vector<ncclComm_t> comm;
-  std::vector<in_flight> pending;                      // per rank
-  std::unique_ptr<std::atomic<std::uint64_t>[]> entered;  // per rank: collectives enqueued
+  std::vector<ncclComm_t> comm;                            // null once aborted (or never created)
+  std::unique_ptr<std::mutex[]> comm_mutex;                // per rank: held around every NCCL call on comm[i]
+  std::vector<in_flight> pending;                          // per rank
+  std::unique_ptr<std::atomic<std::uint64_t>[]> entered;  // per rank: collectives handed to NCCL
   std::atomic<bool> aborted{false};
   std::mutex abort_mutex;
 };
+
+progress classify(int call_result, int async_state) noexcept {
+  if (call_result == ncclInProgress) return progress::pending;
+  if (call_result != ncclSuccess) return progress::failed;
+  if (async_state == ncclInProgress) return progress::pending;
+  return async_state == ncclSuccess ? progress::done : progress::failed;
+}
 
 namespace {
 
@@ -58,10 +71,25 @@ void check_nccl(ncclResult_t r, const char* what) {
 }
 void check_cuda(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // reported by the exception, not again by the next launch's check
     throw backend_error("mirror::ops::NcclAllReduce: " + what + " failed: " + cudaGetErrorName(e) + " (" +
                             cudaGetErrorString(e) + ")",
                         static_cast<long>(e));
   }
+}
+
+// cudaEventQuery, with its expected "not yet" taken off the thread's last error: left there, the
+// next launch's cudaGetLastError() (the integer-mean divide kernel's) would report it as its own.
+cudaError_t query(cudaEvent_t e) noexcept {
+  const cudaError_t q = cudaEventQuery(e);
+  if (q == cudaErrorNotReady) (void)cudaGetLastError();
+  return q;
+}
+
+[[noreturn]] void throw_aborted() {
+  throw backend_error("mirror::ops::NcclAllReduce: the communicators were aborted after an earlier timeout or "
+                      "error; construct a new Strategy",
+                      static_cast<long>(ncclInvalidUsage));
 }
 
 ncclDataType_t nccl_type(cuda::element_type t) {
@@ -93,31 +121,73 @@ ncclRedOp_t nccl_op(ReduceOp op, cuda::element_type t) {
   return ncclSum;
 }
 
-void abort_all(comms& c) {
+// Called without holding any communicator's lock (it takes them all, one at a time).
+void abort_all(comms& c) noexcept {
   std::lock_guard lock(c.abort_mutex);
   if (c.aborted.exchange(true)) return;
-  for (ncclComm_t comm : c.comm) {
-    if (comm != nullptr) (void)ncclCommAbort(comm);
+  for (std::size_t i = 0; i < c.comm.size(); ++i) {
+    std::lock_guard one(c.comm_mutex[i]);
+    if (c.comm[i] != nullptr) (void)ncclCommAbort(c.comm[i]);
+    c.comm[i] = nullptr;
   }
 }
 
-// Polls until `ready()` or the deadline; between polls, NCCL's asynchronous error of `comm`.
+// The failure path of every poll: abort (the other ranks would otherwise wait on the GPU for this
+// one until their timeout), then the NCCL error.
+[[noreturn]] void abort_and_fail(comms& c, ncclResult_t r, const std::string& what) {
+  abort_all(c);
+  fail_nccl(r, what);
+}
+
+// ncclCommGetAsyncError on rank i's communicator under its lock; `pending` when it was aborted
+// meanwhile is never returned: an aborted set throws.
+progress poll(comms& c, std::size_t i, ncclResult_t& state) {
+  std::lock_guard lock(c.comm_mutex[i]);
+  if (c.comm[i] == nullptr) throw_aborted();
+  state = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(c.comm[i], &state);
+  if (r != ncclSuccess) state = r;
+  return classify(r, state);
+}
+
+// Polls until `ready()` or the deadline; between polls, NCCL's asynchronous error of rank i's
+// communicator (an error aborts the set and throws).
 template <class Ready>
-bool wait_until(ncclComm_t comm, std::chrono::steady_clock::time_point deadline, Ready&& ready) {
+bool wait_until(comms& c, std::size_t i, std::chrono::steady_clock::time_point deadline, Ready&& ready) {
   for (unsigned spins = 0;; ++spins) {
     if (ready()) return true;
-    ncclResult_t async = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError");
-    if (async != ncclSuccess && async != ncclInProgress) fail_nccl(async, "an NCCL collective (asynchronous error)");
+    ncclResult_t state = ncclSuccess;
+    if (poll(c, i, state) == progress::failed) abort_and_fail(c, state, "an NCCL collective (asynchronous error)");
     if (std::chrono::steady_clock::now() >= deadline) return false;
     if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
+// ncclGroupStart .. ncclGroupEnd as a scope: an exception between the two (a failed ncclAllReduce)
+// still ends the group, or the thread would stay inside it and every later NCCL call on it would
+// be deferred. NCCL discards a group in which a call failed, so nothing half-built is launched.
+class group_scope {
+ public:
+  group_scope() { check_nccl(ncclGroupStart(), "ncclGroupStart"); }
+  group_scope(const group_scope&) = delete;
+  group_scope& operator=(const group_scope&) = delete;
+  ~group_scope() {
+    if (open_) (void)ncclGroupEnd();
+  }
+  ncclResult_t end() noexcept {
+    open_ = false;
+    return ncclGroupEnd();
+  }
+
+ private:
+  bool open_ = true;
+};
+
 }  // namespace
 
 int num_ranks(const comms& c) noexcept { return c.nranks; }
 int first_rank(const comms& c) noexcept { return c.first_rank; }
+std::uint64_t enqueued(const comms& c, int rank) noexcept { return c.entered[static_cast<std::size_t>(rank)].load(); }
 
 int version() noexcept {
   int v = 0;
@@ -131,10 +201,25 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
   const int n = static_cast<int>(devices.size());
   c->devices.assign(devices.begin(), devices.end());
   c->comm.assign(devices.size(), nullptr);
+  c->comm_mutex = std::make_unique<std::mutex[]>(devices.size());
   c->pending.resize(devices.size());
   c->entered = std::make_unique<std::atomic<std::uint64_t>[]>(devices.size());
   int previous = 0;
   check_cuda(cudaGetDevice(&previous), "cudaGetDevice");
+  // The caller's device is its own again however this ends.
+  struct restore {
+    int device;
+    ~restore() {
+      if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+    }
+  } const restore_previous{previous};
+  // A failure below frees (aborts) whatever was created.
+  struct abort_on_failure {
+    comms* c;
+    ~abort_on_failure() {
+      if (c != nullptr) abort_all(*c);
+    }
+  } guard{c.get()};
   const int num_workers = workers != nullptr ? workers->num_workers() : 1;
   const int worker = workers != nullptr ? workers->worker_index() : 0;
   c->nranks = num_workers * n;
@@ -156,37 +241,42 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
   const ncclUniqueId& id = boot.id;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  // Every rank of this process inside one group: NCCL's single-thread, several-GPU init.
-  check_nccl(ncclGroupStart(), "ncclGroupStart");
-  for (int i = 0; i < n; ++i) {
-    check_cuda(cudaSetDevice(devices[static_cast<std::size_t>(i)]), "cudaSetDevice");
-    check_nccl(ncclCommInitRankConfig(&c->comm[static_cast<std::size_t>(i)], c->nranks, id, c->first_rank + i,
-                                      &config),
-               "ncclCommInitRankConfig");
+  // Every rank of this process inside one group: NCCL's single-thread, several-GPU init. (No other
+  // thread knows these communicators yet: no locks.)
+  ncclResult_t end = ncclSuccess;
+  {
+    group_scope group;
+    for (int i = 0; i < n; ++i) {
+      check_cuda(cudaSetDevice(devices[static_cast<std::size_t>(i)]), "cudaSetDevice");
+      check_nccl(ncclCommInitRankConfig(&c->comm[static_cast<std::size_t>(i)], c->nranks, id, c->first_rank + i,
+                                        &config),
+                 "ncclCommInitRankConfig");
+    }
+    end = group.end();
   }
-  const ncclResult_t end = ncclGroupEnd();
-  if (end != ncclSuccess && end != ncclInProgress) {
-    abort_all(*c);
-    fail_nccl(end, "ncclGroupEnd (communicator creation)");
-  }
+  if (classify(end, ncclSuccess) == progress::failed) fail_nccl(end, "ncclGroupEnd (communicator creation)");
+  // Each communicator is ready when its asynchronous state leaves ncclInProgress: ncclSuccess, or
+  // an error (a failed init), which must not pass for ready.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (int i = 0; i < n; ++i) {
-    ncclResult_t state = ncclInProgress;
-    const bool ready = wait_until(c->comm[static_cast<std::size_t>(i)], deadline, [&] {
-      check_nccl(ncclCommGetAsyncError(c->comm[static_cast<std::size_t>(i)], &state), "ncclCommGetAsyncError");
-      return state != ncclInProgress;
-    });
-    if (!ready) {
-      abort_all(*c);
-      std::vector<int> all(static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r) all[static_cast<std::size_t>(r)] = c->first_rank + r;
-      throw timeout_error("mirror::ops::NcclAllReduce: creating the communicators took longer than " +
-                              std::to_string(timeout.count()) + " ms" +
-                              (num_workers > 1 ? " (" + std::to_string(c->nranks) + " ranks over " +
-                                                     std::to_string(num_workers) + " workers)"
-                                               : std::string()) +
-                              "; they were aborted",
-                          all);
+    const auto rank = static_cast<std::size_t>(i);
+    for (unsigned spins = 0;; ++spins) {
+      ncclResult_t state = ncclSuccess;
+      const progress p = poll(*c, rank, state);
+      if (p == progress::done) break;
+      if (p == progress::failed) fail_nccl(state, "ncclCommInitRankConfig (rank " + std::to_string(c->first_rank + i) + ")");
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::vector<int> all(static_cast<std::size_t>(n));
+        for (int r = 0; r < n; ++r) all[static_cast<std::size_t>(r)] = c->first_rank + r;
+        throw timeout_error("mirror::ops::NcclAllReduce: creating the communicators took longer than " +
+                                std::to_string(timeout.count()) + " ms" +
+                                (num_workers > 1 ? " (" + std::to_string(c->nranks) + " ranks over " +
+                                                       std::to_string(num_workers) + " workers)"
+                                                 : std::string()) +
+                                "; they were aborted",
+                            all);
+      }
+      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
   for (int i = 0; i < n; ++i) {
@@ -195,20 +285,23 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
       check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     }
   }
-  check_cuda(cudaSetDevice(previous), "cudaSetDevice");
+  guard.c = nullptr;
   return c.release();
 }
 
 void destroy_comms(comms* c) noexcept {
   if (c == nullptr) return;
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   for (std::size_t i = 0; i < c->comm.size(); ++i) {
     if (cudaSetDevice(c->devices[i]) != cudaSuccess) continue;
     // Unfinished collectives get until their deadline; then the communicators are aborted, so
-    // destruction never waits forever on a lost GPU or link.
+    // destruction never waits forever on a lost GPU or link. (Deadlines are absolute: ranks
+    // after the first wait only for what is left of theirs, and an abort ends every wait.)
     in_flight& f = c->pending[i];
     for (; f.count > 0; --f.count, f.oldest = (f.oldest + 1) % max_in_flight) {
       cudaError_t q = cudaErrorNotReady;
-      while ((q = cudaEventQuery(f.events[f.oldest])) == cudaErrorNotReady && !c->aborted.load() &&
+      while ((q = query(f.events[f.oldest])) == cudaErrorNotReady && !c->aborted.load() &&
              std::chrono::steady_clock::now() < f.deadlines[f.oldest]) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
@@ -217,7 +310,8 @@ void destroy_comms(comms* c) noexcept {
     for (cudaEvent_t e : f.events) {
       if (e != nullptr) (void)cudaEventDestroy(e);
     }
-    if (c->comm[i] != nullptr && !c->aborted.load()) {
+    std::lock_guard lock(c->comm_mutex[i]);
+    if (c->comm[i] != nullptr) {
       // Non-blocking: finalize may report ncclInProgress; destroy then completes it.
       (void)ncclCommFinalize(c->comm[i]);
       ncclResult_t state = ncclInProgress;
@@ -226,8 +320,10 @@ void destroy_comms(comms* c) noexcept {
         if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
       (void)ncclCommDestroy(c->comm[i]);
+      c->comm[i] = nullptr;
     }
   }
+  if (previous >= 0) (void)cudaSetDevice(previous);
   (void)cudaGetLastError();
   delete c;
 }
@@ -235,18 +331,13 @@ void destroy_comms(comms* c) noexcept {
 void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_type type,
                 std::span<void* const> buffers, std::span<const std::size_t> counts,
                 std::chrono::milliseconds timeout) {
-  if (c.aborted.load()) {
-    throw backend_error("mirror::ops::NcclAllReduce: the communicators were aborted after an earlier timeout or "
-                        "error; construct a new Strategy",
-                        static_cast<long>(ncclInvalidUsage));
-  }
+  if (c.aborted.load()) throw_aborted();
   const std::size_t me = static_cast<std::size_t>(rank);
-  ncclComm_t comm = c.comm[me];
   auto s = static_cast<cudaStream_t>(stream);
-  const std::uint64_t sequence = c.entered[me].fetch_add(1) + 1;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   in_flight& f = c.pending[me];
   auto expire_for = [&](const char* stage, std::uint64_t seq) {
+    // A rank counts as having enqueued collective `seq` once it handed it to NCCL (`entered`);
+    // one still draining its own ring, or never come, is missing.
     std::vector<int> missing;
     for (std::size_t r = 0; r < c.comm.size(); ++r) {
       if (c.entered[r].load() < seq) missing.push_back(c.first_rank + static_cast<int>(r));
@@ -265,18 +356,17 @@ void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_typ
                             "; the communicators were aborted",
                         missing);
   };
-  auto expire = [&](const char* stage) { expire_for(stage, sequence); };
   // The watchdog, deferred: earlier collectives of this rank that have finished are retired; one
   // past its deadline aborts the communicators. When the ring is full, wait for the oldest.
   while (f.count > 0) {
     const std::size_t slot = f.oldest;
-    const cudaError_t q = cudaEventQuery(f.events[slot]);
+    const cudaError_t q = query(f.events[slot]);
     if (q == cudaErrorNotReady) {
       const bool full = f.count == max_in_flight;
       if (!full && std::chrono::steady_clock::now() < f.deadlines[slot]) break;
       cudaError_t polled = cudaErrorNotReady;
-      if (!wait_until(comm, f.deadlines[slot], [&] {
-            polled = cudaEventQuery(f.events[slot]);
+      if (!wait_until(c, me, f.deadlines[slot], [&] {
+            polled = query(f.events[slot]);
             return polled != cudaErrorNotReady;
           })) {
         expire_for("for an earlier all-reduce to complete", f.sequences[slot]);
@@ -288,20 +378,43 @@ void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_typ
     f.oldest = (f.oldest + 1) % max_in_flight;
     --f.count;
   }
-  check_nccl(ncclGroupStart(), "ncclGroupStart");
-  for (std::size_t i = 0; i < buffers.size(); ++i) {
-    if (counts[i] == 0) continue;
-    check_nccl(ncclAllReduce(buffers[i], buffers[i], counts[i], nccl_type(type), nccl_op(op, type), comm, s),
-               "ncclAllReduce");
+  // Counted only now, after this rank's own ring has drained: the others' timeouts name it
+  // while it is still waiting there.
+  const std::uint64_t sequence = c.entered[me].fetch_add(1) + 1;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  ncclResult_t end = ncclSuccess;
+  {
+    std::unique_lock lock(c.comm_mutex[me]);
+    ncclComm_t comm = c.comm[me];
+    if (comm == nullptr) throw_aborted();
+    ncclResult_t failed = ncclSuccess;
+    {
+      group_scope group;
+      for (std::size_t i = 0; i < buffers.size() && failed == ncclSuccess; ++i) {
+        if (counts[i] == 0) continue;
+        const ncclResult_t r =
+            ncclAllReduce(buffers[i], buffers[i], counts[i], nccl_type(type), nccl_op(op, type), comm, s);
+        if (classify(r, ncclSuccess) == progress::failed) failed = r;
+      }
+      end = group.end();
+    }
+    if (failed != ncclSuccess) {
+      lock.unlock();
+      abort_and_fail(c, failed, "ncclAllReduce");
+    }
   }
-  ncclResult_t end = ncclGroupEnd();
-  if (end != ncclSuccess && end != ncclInProgress) fail_nccl(end, "ncclGroupEnd");
-  // Non-blocking communicators may still be enqueuing: wait for that first.
-  if (!wait_until(comm, deadline, [&] {
-        check_nccl(ncclCommGetAsyncError(comm, &end), "ncclCommGetAsyncError");
-        return end != ncclInProgress;
-      })) {
-    expire("for NCCL to enqueue the all-reduce");
+  if (classify(end, ncclSuccess) == progress::failed) abort_and_fail(c, end, "ncclGroupEnd");
+  // Non-blocking communicators may still be enqueuing (ncclInProgress): wait for that first. An
+  // asynchronous error instead of success is a failure, not "enqueued".
+  if (end == ncclInProgress) {
+    if (!wait_until(c, me, deadline, [&] {
+          ncclResult_t state = ncclSuccess;
+          const progress p = poll(c, me, state);
+          if (p == progress::failed) abort_and_fail(c, state, "ncclGroupEnd (enqueuing the all-reduce)");
+          return p == progress::done;
+        })) {
+      expire_for("for NCCL to enqueue the all-reduce", sequence);
+    }
   }
   if (op == ReduceOp::mean && !is_float(type)) {
     for (std::size_t i = 0; i < buffers.size(); ++i) {

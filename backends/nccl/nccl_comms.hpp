@@ -5,6 +5,7 @@
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <backends/cuda/element_type.hpp>
 #include <mirror/reduce_op.hpp>
@@ -47,7 +48,19 @@ int first_rank(const comms&) noexcept;
 void all_reduce(comms&, int rank, void* stream, ReduceOp op, cuda::element_type type, std::span<void* const> buffers,
                 std::span<const std::size_t> counts, std::chrono::milliseconds timeout);
 
-/// The NCCL version this library was built with, e.g. 22809.
+/// The NCCL version of the library loaded at run time (ncclGetVersion), e.g. 22809.
 int version() noexcept;
+
+/// How many all-reduces local rank `rank` has handed to NCCL (for tests and diagnostics: on one
+/// GPU, where any all-reduce returns its input, this is what shows the NCCL path ran).
+std::uint64_t enqueued(const comms&, int rank) noexcept;
+
+/// What a poll of a non-blocking NCCL operation (communicator creation, a group's enqueue) says.
+enum class progress { done, pending, failed };
+/// The decision, from the result of the call polled (ncclGroupEnd, or ncclCommGetAsyncError
+/// itself) and, for ncclCommGetAsyncError, the state it wrote (pass ncclSuccess otherwise), both
+/// as `ncclResult_t` values: `ncclInProgress` is pending, `ncclSuccess` done, anything else a
+/// failure, which the caller turns into aborted communicators and a `mirror::backend_error`.
+progress classify(int call_result, int async_state) noexcept;
 
 }  // namespace mirror::nccl::impl

@@ -6,10 +6,13 @@
 //                 [--policy default|reduction_to_one_device|hierarchical_copy]
 //                 [--data /usr/share/datasets/fashion-mnist] [--limit N] [--device threads|cuda|auto|cluster]
 //
-// --device cuda (CUDA builds) runs the replicas on devices::Cuda: the model's matrix work stays
-// on the CPU (each replica's host thread, as with threads) while the gradient all-reduce runs on
-// the GPUs through the ops policy (NcclAllReduce by default); --device auto picks cuda when a
-// GPU is visible and threads otherwise (mirror::cuda::device_count), like TF's CPU fallback.
+// --device cuda (CUDA builds) trains on GPUs (train_and_test_on_gpus below, gpu_model.cu): each
+// replica's parameters, momentum, activations and gradients live in its GPU's memory, the
+// products go through cuBLAS and the element-wise parts through small kernels, all on the
+// replica's stream, and the gradient all-reduce is ctx.all_reduce of one device_span through the
+// ops policy (NcclAllReduce by default; ReductionToOneDevice when replicas share a GPU). --device
+// auto picks cuda when a GPU is visible and threads otherwise (mirror::cuda::device_count), like
+// TF's CPU fallback.
 //
 // Multi-worker (MPI builds): `mpirun -np W --bind-to none fashion_mnist --device cluster
 // --replicas R` trains on W processes x R replicas (devices::Cluster<Threads>); every worker
@@ -51,8 +54,17 @@
 #include "gunzip.hpp"
 #include "idx.hpp"
 #include "model.hpp"
+#if FASHION_MNIST_GPU
+#include "gpu_model.hpp"
+#endif
 
 namespace fm = fashion_mnist;
+
+// --device cluster (MPI builds). The GPU kit's copy of this program is built without it: it runs
+// on a GPU machine that has no MPI (tools/gpu_kit/meson.build).
+#ifndef FASHION_MNIST_CLUSTER
+#define FASHION_MNIST_CLUSTER MIRROR_HAS_MPI
+#endif
 
 namespace {
 
@@ -81,9 +93,10 @@ constexpr const char* usage_text =
     "  --data DIR        folder of the IDX files (default /usr/share/datasets/fashion-mnist,\n"
     "                    from Debian's dataset-fashion-mnist package)\n"
     "  --limit N         train on the first N training images only (default: all)\n"
-    "  --device D        threads (default); cuda: replicas on GPUs, the all-reduce on the devices (CUDA\n"
-    "                    builds; R replicas over the largest number of visible GPUs that divides R, the\n"
-    "                    rest as logical devices, which the default NCCL policy refuses: pick another);\n"
+    "  --device D        threads (default); cuda: the model on GPUs, cuBLAS and CUDA kernels (CUDA builds;\n"
+    "                    R replicas over the largest number of visible GPUs that divides R, the rest as\n"
+    "                    logical devices sharing them; policy default is NcclAllReduce with one replica\n"
+    "                    per GPU, ReductionToOneDevice when replicas share a GPU);\n"
     "                    auto: cuda when a GPU is visible, else threads; cluster: one worker of\n"
     "                    devices::Cluster<Threads>, launched with mpirun -np W (MPI builds; --replicas\n"
     "                    is per worker, policy default)\n";
@@ -145,11 +158,13 @@ Options parse(int argc, char** argv) {
       if (o.device != "threads" && o.device != "cuda" && o.device != "auto" && o.device != "cluster") {
         usage_error("unknown --device '" + o.device + "'");
       }
-#if !MIRROR_HAS_MPI
+#if !FASHION_MNIST_CLUSTER
       if (o.device == "cluster") usage_error("--device cluster needs a build with MPI (libopenmpi-dev)");
 #endif
-#if !MIRROR_HAS_CUDA
-      if (o.device == "cuda") usage_error("--device cuda needs a build with CUDA (nvcc found at configure time)");
+#if !FASHION_MNIST_GPU
+      if (o.device == "cuda") {
+        usage_error("--device cuda needs a build with CUDA (nvcc and cuBLAS found at configure time)");
+      }
 #endif
     } else {
       usage_error("unknown option '" + std::string(a) + "'");
@@ -192,11 +207,13 @@ struct StepInfo {
 class Progress {
  public:
   Progress() : tty_(::isatty(STDOUT_FILENO) == 1) {}
+  /// Whether draw() would draw now (on a terminal, every 100 ms and at the end).
+  bool due(std::size_t done, std::size_t total) const {
+    return tty_ && (done >= total || std::chrono::steady_clock::now() - last_ >= std::chrono::milliseconds(100));
+  }
   void draw(int epoch, int epochs, std::size_t done, std::size_t total, double loss) {
-    if (!tty_) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (done < total && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
+    if (!due(done, total)) return;
+    last_ = std::chrono::steady_clock::now();
     constexpr int width = 30;
     const int filled = total == 0 ? width : static_cast<int>(width * done / total);
     std::printf("\r  epoch %d/%d [%s%s] %3d%%  loss %.4f", epoch, epochs, std::string(filled, '#').c_str(),
@@ -319,13 +336,13 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
 /// `--device auto`: cuda when this process sees a GPU (and was built with CUDA), else threads.
 std::string resolve_device(const std::string& device) {
   if (device != "auto") return device;
-#if MIRROR_HAS_CUDA
+#if FASHION_MNIST_GPU
   if (mirror::cuda::device_count() > 0) return "cuda";
 #endif
   return "threads";
 }
 
-#if MIRROR_HAS_CUDA
+#if FASHION_MNIST_GPU
 /// R replicas on the GPUs: as many physical GPUs as possible (the largest count <= the visible
 /// GPUs that divides R), the rest as logical devices sharing them.
 mirror::devices::Cuda cuda_layout(int replicas) {
@@ -336,6 +353,131 @@ mirror::devices::Cuda cuda_layout(int replicas) {
   for (int g = 0; g < gpus; ++g) d.gpus.push_back(g);
   d.replicas_per_gpu = replicas / gpus;
   return d;
+}
+
+/// The --policy on `device`: "default" is NcclAllReduce (default_ops_t), which needs one replica
+/// per GPU (NCCL refuses two ranks on one GPU); with logical devices it is ReductionToOneDevice,
+/// and the first line says so.
+std::string cuda_policy(const Options& o, const mirror::devices::Cuda& device) {
+  if (o.policy != "default") return o.policy;
+  if (device.replicas_per_gpu > 1) return "reduction_to_one_device";
+  return "nccl_all_reduce";
+}
+
+/// --device cuda: the model on the GPUs (gpu_model.cu). Each replica keeps its parameters,
+/// momentum, activations and gradients in its GPU's memory; a step copies its rows there (from
+/// pinned memory, asynchronously), runs forward and backward with cuBLAS and small kernels on the
+/// replica's stream, all-reduces the gradients in place with ctx.all_reduce of ONE device_span
+/// (the six layers are one array: nothing to pack) through Ops on the replicas' streams, and
+/// applies the same momentum step on every replica, so the copies stay equal without a variable.
+/// The host waits for the GPUs only at the end of an epoch (the totals it prints).
+template <class Ops>
+double train_and_test_on_gpus(const Options& o, const fm::split& train, const fm::split& test,
+                              const mirror::devices::Cuda& device) {
+  namespace gpu = fm::gpu;
+  mirror::Strategy<mirror::devices::Cuda, Ops> strategy{device};  // first: no GPU is its error
+  const int replicas = strategy.num_replicas_in_sync();
+  const std::size_t rows_per_replica = (o.batch_size + static_cast<std::size_t>(replicas) - 1) / replicas;
+  const std::size_t eval_rows = (test.rows + static_cast<std::size_t>(replicas) - 1) / replicas;
+  // Room for a step's rows, and for the test set's in chunks of at most 2048.
+  const std::size_t max_rows = std::max(rows_per_replica, std::min<std::size_t>(eval_rows, 2048));
+
+  const fm::Params init = fm::init_params(o.seed);
+  const std::vector<float> initial = gpu::pack(init.w1, init.b1, init.w2, init.b2, init.w3, init.b3);
+  // Each replica's model, made on its own thread with its GPU current.
+  mirror::PerReplica<gpu::replica> models = strategy.run(
+      [&](auto&) { return gpu::replica(mirror::cuda::current_stream(), max_rows, initial); });
+
+  std::vector<std::uint8_t> images(train.images.size());
+  std::vector<std::int32_t> labels(train.rows);
+  // Copies from these are asynchronous: the host enqueues the next steps while the GPUs work.
+  const gpu::pinned pin_images(images.data(), images.size());
+  const gpu::pinned pin_labels(labels.data(), labels.size() * sizeof(std::int32_t));
+  const gpu::pinned pin_test_images(test.images.data(), test.images.size());
+  const gpu::pinned pin_test_labels(test.labels.data(), test.labels.size() * sizeof(std::int32_t));
+  std::vector<std::size_t> order(train.rows);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  fm::rng shuffle_rng{o.seed * 0x2545f4914f6cdd1dULL + 1};
+
+  auto train_step = [momentum = o.momentum](auto& ctx, const Batch& batch, gpu::replica& m, const StepInfo& info) {
+    m.forward_backward(batch.images.data.data(), batch.labels.data(), batch.labels.size(), info.global_rows);
+    // One collective over the whole gradient, in place on the replica's stream.
+    (void)ctx.all_reduce(mirror::ReduceOp::sum, mirror::cuda::device_span<float>{m.gradients(), gpu::layout::total});
+    m.apply_momentum(info.lr, momentum);
+  };
+  // {loss sum, correct predictions} of every replica since the last call (a pair returned from
+  // fn comes back as a pair of PerReplica).
+  auto totals = [&] {
+    const auto [losses, corrects] = strategy.run([](gpu::replica& m) { return m.take_totals(); }, models);
+    std::pair<double, double> sum{0, 0};
+    for (const double l : losses) sum.first += l;
+    for (const double c : corrects) sum.second += c;
+    return sum;
+  };
+
+  const std::size_t steps_per_epoch = (train.rows + o.batch_size - 1) / o.batch_size;
+  const double total_steps = static_cast<double>(steps_per_epoch) * o.epochs;
+  std::size_t step = 0;
+  Progress progress;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    const auto start = std::chrono::steady_clock::now();
+    // The same permutation as on threads; the GPUs have finished with the last epoch's rows (the
+    // totals below waited for them) before they are overwritten.
+    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[shuffle_rng.below(i)]);
+    for (std::size_t i = 0; i < train.rows; ++i) {
+      std::copy_n(train.images.data() + order[i] * fm::pixels, fm::pixels, images.data() + i * fm::pixels);
+      labels[i] = train.labels[order[i]];
+    }
+    std::vector<Batch> batches;
+    for (std::size_t first = 0; first < train.rows; first += o.batch_size) {
+      const std::size_t g = std::min(o.batch_size, train.rows - first);
+      batches.push_back({{std::span<const std::uint8_t>(images).subspan(first * fm::pixels, g * fm::pixels), fm::pixels},
+                         std::span<const std::int32_t>(labels).subspan(first, g)});
+    }
+    std::size_t seen = 0, k = 0;
+    double loss_sum = 0, correct_sum = 0;
+    auto add_totals = [&] {
+      const auto [l, c] = totals();
+      loss_sum += l;
+      correct_sum += c;
+    };
+    for (const auto& per_replica : strategy.distribute_dataset(batches)) {
+      const std::size_t g = batches[k++].labels.size();
+      const double t = static_cast<double>(step++) / total_steps;
+      const StepInfo info{g, static_cast<float>(o.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * t)))};
+      strategy.run(train_step, per_replica, models, info);
+      seen += g;
+      if (progress.due(seen, train.rows)) {  // on a terminal only: reading the loss waits for the GPUs
+        add_totals();
+        progress.draw(epoch, o.epochs, seen, train.rows, loss_sum / static_cast<double>(seen));
+      }
+    }
+    add_totals();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    progress.clear();
+    std::printf("epoch %d/%d  loss %.4f  train_accuracy %.4f  samples/s %.0f\n", epoch, o.epochs, loss_sum / seen,
+                correct_sum / seen, static_cast<double>(seen) / seconds);
+    std::fflush(stdout);
+  }
+
+  // Test accuracy: the whole test set as one global batch, split over the replicas.
+  const std::vector<Batch> test_batch{{{std::span<const std::uint8_t>(test.images), fm::pixels}, test.labels}};
+  for (const auto& per_replica : strategy.distribute_dataset(test_batch)) {
+    strategy.run([](const Batch& b, gpu::replica& m) { m.evaluate(b.images.data.data(), b.labels.data(), b.labels.size()); },
+                 per_replica, models);
+  }
+  return totals().second / static_cast<double>(test.rows);
+}
+
+/// Trains on the GPUs with the --policy (see cuda_policy).
+double train_on_gpus(const Options& o, const fm::split& train, const fm::split& test,
+                     const mirror::devices::Cuda& device) {
+  const std::string policy = cuda_policy(o, device);
+  if (policy == "reduction_to_one_device") {
+    return train_and_test_on_gpus<mirror::ops::ReductionToOneDevice>(o, train, test, device);
+  }
+  if (policy == "hierarchical_copy") return train_and_test_on_gpus<mirror::ops::HierarchicalCopy>(o, train, test, device);
+  return train_and_test_on_gpus<mirror::default_ops_t<mirror::devices::Cuda>>(o, train, test, device);
 }
 #endif
 
@@ -357,27 +499,36 @@ int main(int argc, char** argv) {
   try {
     const fm::split train = fm::load_split(o.data, "train", o.limit, fm::gunzip);
     const fm::split test = fm::load_split(o.data, "t10k", 0, fm::gunzip);
-    const std::string gemm = configure_gemm();
+    std::string gemm, where = o.device == "cluster" ? "per worker, devices::Cluster<Threads>" : "devices::Threads";
+    std::string policy = o.policy;
+#if FASHION_MNIST_GPU
+    const mirror::devices::Cuda gpus = cuda_layout(o.replicas);
+    if (o.device == "cuda") {
+      gemm = fm::gpu::cublas_version() + " and CUDA kernels";
+      where = "devices::Cuda, " + std::to_string(gpus.gpus.size()) + " GPU" + (gpus.gpus.size() == 1 ? "" : "s") +
+              " x " + std::to_string(gpus.replicas_per_gpu) + " replica" + (gpus.replicas_per_gpu == 1 ? "" : "s");
+      policy = cuda_policy(o, gpus);
+      if (o.policy == "default") policy += gpus.replicas_per_gpu > 1 ? " (default; NCCL needs one GPU per replica)" : " (default)";
+    }
+#endif
+    if (gemm.empty()) gemm = configure_gemm();
     std::printf("fashion_mnist: %zu training and %zu test images from %s; MLP 784-256-128-10, SGD momentum %.2g, "
                 "lr %g (cosine), global batch %zu on %d replica%s (%s), policy %s, seed %llu; %s\n",
                 train.rows, test.rows, o.data.c_str(), double(o.momentum), double(o.lr), o.batch_size, o.replicas,
-                o.replicas == 1 ? "" : "s",
-                o.device == "cluster" ? "per worker, devices::Cluster<Threads>"
-                : o.device == "cuda"  ? "devices::Cuda, matrix work on the CPU"
-                                      : "devices::Threads",
-                o.policy.c_str(), static_cast<unsigned long long>(o.seed), gemm.c_str());
+                o.replicas == 1 ? "" : "s", where.c_str(), policy.c_str(), static_cast<unsigned long long>(o.seed),
+                gemm.c_str());
     std::fflush(stdout);
     double accuracy = 0;
     using mirror::devices::Threads;
     const Threads threads{.replicas = o.replicas};
     if (o.device == "cluster") {
-#if MIRROR_HAS_MPI
+#if FASHION_MNIST_CLUSTER
       using Cluster = mirror::devices::Cluster<Threads>;
       accuracy = train_and_test<Cluster, mirror::default_ops_t<Cluster>>(o, train, test, Cluster{.local = threads});
 #endif
     } else if (o.device == "cuda") {
-#if MIRROR_HAS_CUDA
-      accuracy = train_with_policy(o, train, test, cuda_layout(o.replicas));
+#if FASHION_MNIST_GPU
+      accuracy = train_on_gpus(o, train, test, gpus);
 #endif
     } else {
       accuracy = train_with_policy(o, train, test, threads);

@@ -71,6 +71,12 @@ struct probe_payload {
   int value;
 };
 
+/// What the concept hands `rt.parallel`: a named type, not a lambda, because nvcc 13 rejects a
+/// lambda in a requires-expression, which made every `device<...>` check fail in `.cu` files.
+struct probe_replica_fn {
+  void operator()(int) const noexcept {}
+};
+
 }  // namespace detail
 
 /// Satisfied by the runtime type of a device policy (see the file comment).
@@ -78,7 +84,7 @@ template <class Rt>
 concept device_runtime = requires(Rt& rt, int self, std::span<float> host,
                                   typename Rt::template pointer<float> p, ReduceOp op) {
   { rt.num_replicas() } -> std::convertible_to<int>;
-  rt.parallel([](int) noexcept {});
+  rt.parallel(detail::probe_replica_fn{});
   rt.cancel();
   { rt.in_parallel() } -> std::convertible_to<bool>;
   { rt.exchange(self, detail::probe_payload{0}) } -> std::same_as<detail::exchanged<detail::probe_payload>>;

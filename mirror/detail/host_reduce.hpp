@@ -64,9 +64,10 @@ struct parallel_ref {
   void* self;
   void (*run)(void* self, std::size_t bytes, void (*body)(void*, int, int), void* arg);
 };
-inline parallel_ref serial_parallel() noexcept {
-  return {nullptr, [](void*, std::size_t, void (*body)(void*, int, int), void* arg) { body(arg, 0, 1); }};
-}
+// A function, not a captureless lambda: nvcc 13 writes the lambda's unnamed parameters into its
+// host code as undeclared names (`__T0`), so a .cu including mirror failed to compile.
+inline void run_serially(void*, std::size_t, void (*body)(void*, int, int), void* arg) { body(arg, 0, 1); }
+inline parallel_ref serial_parallel() noexcept { return {nullptr, &run_serially}; }
 
 /// dst[i] = in[0][i] op ... op in[n-1][i] for i < size (then / n for mean), split by `parallel`.
 /// `dst` and `in` hold elements of the type `e` describes: one function for every element type

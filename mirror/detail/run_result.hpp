@@ -86,6 +86,20 @@ class tuple_collector {
   std::vector<std::optional<R>> slots_;
 };
 
+/// Element I of a std::tuple or boost::hana::tuple. A named type where a lambda would do: nvcc 13
+/// rejects a lambda inside a pack expansion ("parameter pack I was referenced but not expanded").
+template <std::size_t I>
+struct element_at {
+  template <class... Ts>
+  auto& operator()(std::tuple<Ts...>& t) const {
+    return std::get<I>(t);
+  }
+  template <class... Ts>
+  auto& operator()(boost::hana::tuple<Ts...>& t) const {
+    return boost::hana::at_c<I>(t);
+  }
+};
+
 template <template <class...> class Tuple, class... Ts>
 struct tuple_run_result {
   using type = Tuple<typename lift_one<Ts>::type...>;
@@ -105,7 +119,7 @@ struct run_result<std::tuple<Ts...>> : tuple_run_result<std::tuple, Ts...> {
   static auto assemble(std::vector<std::optional<std::tuple<Ts...>>>& slots) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::tuple<typename lift_one<Ts>::type...>(
-          tuple_run_result<std::tuple, Ts...>::template column<I>(slots, [](auto& t) -> auto& { return std::get<I>(t); })...);
+          tuple_run_result<std::tuple, Ts...>::template column<I>(slots, element_at<I>{})...);
     }(std::index_sequence_for<Ts...>{});
   }
 };
@@ -125,8 +139,7 @@ struct run_result<boost::hana::tuple<Ts...>> : tuple_run_result<boost::hana::tup
   static auto assemble(std::vector<std::optional<boost::hana::tuple<Ts...>>>& slots) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return boost::hana::tuple<typename lift_one<Ts>::type...>(
-          tuple_run_result<boost::hana::tuple, Ts...>::template column<I>(
-              slots, [](auto& t) -> auto& { return boost::hana::at_c<I>(t); })...);
+          tuple_run_result<boost::hana::tuple, Ts...>::template column<I>(slots, element_at<I>{})...);
     }(std::index_sequence_for<Ts...>{});
   }
 };

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// devices::Cuda on a real GPU: device leaves reduced in place, errors, NCCL's refusal.
+// devices::Cuda on a real GPU: device leaves reduced in place, errors, NCCL's refusal, and
+// thrust::device_vector leaves from a file nvcc compiled with mirror (gpu/thrust_leaves.cu).
 #include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>  // pinned and device memory for the staging cases
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <tuple>
 #include <vector>
 #include <mirror/mirror.hpp>
+#include "gpu/thrust_leaves.hpp"
 
 using mirror::ReduceOp;
 
@@ -110,26 +112,42 @@ TEST_CASE("cuda: NcclAllReduce refuses several replicas on one GPU and names the
 }
 
 TEST_CASE("cuda: NcclAllReduce on every GPU reduces device leaves in place", "[cuda][nccl_all_reduce]") {
-  mirror::Strategy<mirror::devices::Cuda, mirror::ops::NcclAllReduce> s{};
+  // One rank per GPU: on a one-GPU machine a single-rank communicator, which runs the same NCCL
+  // path (group, non-blocking enqueue, completion ring). A one-rank all-reduce returns its input,
+  // so there the values alone cannot tell; NcclAllReduce::enqueued shows NCCL was handed both.
+  using Nccl = mirror::ops::NcclAllReduce;
+  mirror::Strategy<mirror::devices::Cuda, Nccl> s{};
   const int R = s.num_replicas_in_sync();
   constexpr std::size_t n = 4099;
   std::vector<mirror::cuda::device_buffer<double>> buffers;
-  for (int r = 0; r < R; ++r) {
-    buffers.emplace_back(s.runtime().device_of(r), n);
-    buffers.back().upload(std::vector<double>(n, double(r)));
-  }
+  for (int r = 0; r < R; ++r) buffers.emplace_back(s.runtime().device_of(r), n);
   for (const auto op : {ReduceOp::sum, ReduceOp::max}) {
-    for (int r = 0; r < R; ++r) buffers[static_cast<std::size_t>(r)].upload(std::vector<double>(n, double(r)));
+    for (int r = 0; r < R; ++r) buffers[static_cast<std::size_t>(r)].upload(std::vector<double>(n, double(r + 1)));
     s.run([&](auto& ctx) {
       ctx.all_reduce(op, buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())].span());
     });
-    const double want = op == ReduceOp::sum ? double(R * (R - 1) / 2) : double(R - 1);
+    const double want = op == ReduceOp::sum ? double(R * (R + 1) / 2) : double(R);
     for (auto& b : buffers) {
       std::vector<double> host(n);
       b.download(host);
       REQUIRE(host == std::vector<double>(n, want));
     }
   }
+  for (int r = 0; r < R; ++r) REQUIRE(Nccl::enqueued(s.runtime(), r) == 2);
+  // Several leaves of two element types, packed: a mean of integers divides after NCCL's sum.
+  std::vector<mirror::cuda::device_buffer<std::int32_t>> ints;
+  for (int r = 0; r < R; ++r) {
+    ints.emplace_back(s.runtime().device_of(r), 3);
+    ints.back().upload(std::vector<std::int32_t>{10 * (r + 1), 7, -5});
+  }
+  s.run([&](auto& ctx) {
+    const auto r = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+    ctx.all_reduce(ReduceOp::mean, std::tuple{ints[r].span(), buffers[r].span()});
+  });
+  std::vector<std::int32_t> got(3);
+  ints[0].download(got);
+  REQUIRE(got == std::vector<std::int32_t>{5 * (R + 1), 7, -5});
+  for (int r = 0; r < R; ++r) REQUIRE(Nccl::enqueued(s.runtime(), r) == 4);  // one group per element type
 }
 #endif
 
@@ -244,4 +262,76 @@ TEST_CASE("cuda: staging from pinned memory is complete when run returns; device
   static_assert(mirror::detail::staged_on_device<std::tuple<mirror::cuda::device_span<float>, std::vector<int>>>);
   static_assert(mirror::detail::staged_on_device<std::tuple<mirror::cuda::device_span<const float>, std::vector<int>>>);
   static_assert(!mirror::detail::staged_on_device<mirror::cuda::device_span<const float>>);
+}
+
+TEST_CASE("cuda: run gives the calling thread its device back and leaves no current stream",
+          "[cuda][device]") {
+  // The caller's thread runs replica 0 with that replica's device current; afterwards it is the
+  // caller's again, and current_stream() is null, as its documentation says.
+  const int gpus = mirror::cuda::device_count();
+  const int last = gpus - 1;
+  REQUIRE(cudaSetDevice(last) == cudaSuccess);
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 2}};
+  int device = -1;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  REQUIRE(device == last);  // construction too
+  std::vector<void*> streams(2);
+  const auto sums = s.run([&](auto& ctx) {
+    streams[static_cast<std::size_t>(ctx.replica_id_in_sync_group())] = mirror::cuda::current_stream();
+    // A buffer on another GPU made inside fn leaves the replica's device current for what follows.
+    mirror::cuda::device_buffer<float> elsewhere(last, 16);
+    elsewhere.upload(std::vector<float>(16, 1.0f));
+    return ctx.all_reduce(ReduceOp::sum, 1.0f);
+  });
+  REQUIRE(sums.primary() == 2.0f);
+  REQUIRE(streams[0] != nullptr);
+  REQUIRE(streams[0] != streams[1]);
+  REQUIRE(mirror::cuda::current_stream() == nullptr);
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  REQUIRE(device == last);
+  // The buffer helpers leave the caller's device alone too.
+  mirror::cuda::device_buffer<float> b(0, 4);
+  b.upload(std::vector<float>(4, 2.0f));
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  REQUIRE(device == last);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+}
+
+TEST_CASE("cuda: an error an earlier call left behind is not reported by the next kernel launch",
+          "[cuda][device]") {
+  mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 2}};
+  std::vector<mirror::cuda::device_buffer<float>> buffers;
+  for (int r = 0; r < 2; ++r) {
+    buffers.emplace_back(0, 1000);
+    buffers.back().upload(std::vector<float>(1000, float(r + 1)));
+  }
+  s.run([&](auto& ctx) {
+    // A failed call leaves its (non-sticky) error as the thread's last error; the combine kernel's
+    // launch check must not take it for its own.
+    void* p = nullptr;
+    (void)cudaMalloc(&p, std::size_t{1} << 62);
+    ctx.all_reduce(ReduceOp::sum, buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())].span());
+  });
+  std::vector<float> host(1000);
+  buffers[1].download(host);
+  REQUIRE(host == std::vector<float>(1000, 3.0f));
+  // A thrown CUDA failure leaves nothing behind either.
+  REQUIRE_THROWS_AS((mirror::cuda::device_buffer<float>(0, std::size_t{1} << 61)), mirror::backend_error);
+  REQUIRE(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("cuda: thrust::device_vector leaves, from a .cu that includes mirror, are all-reduced on the GPU",
+          "[cuda][thrust]") {
+  for (const int R : {1, 2, 3}) {
+    constexpr std::size_t n = 100003;
+    const auto got = mirror::test::thrust_leaf_all_reduce(R, n);
+    REQUIRE(got.ids.size() == static_cast<std::size_t>(R));
+    // Replica r held 2 (r + 1) after its kernel; the sum over replicas is R (R + 1), the max 2R.
+    for (int r = 0; r < R; ++r) {
+      REQUIRE(got.ids[static_cast<std::size_t>(r)] == r);
+      REQUIRE(got.own[static_cast<std::size_t>(r)] == std::vector<float>(n, 2.0f * float(r + 1)));
+      REQUIRE(got.synced[static_cast<std::size_t>(r)] == std::vector<float>(n, float(R * (R + 1))));
+    }
+    REQUIRE(got.reduced == std::vector<float>(n, 2.0f * float(R)));
+  }
 }

@@ -1,0 +1,488 @@
+// SPDX-License-Identifier: Apache-2.0
+// The scripted CUDA runtime and NCCL of tests/support/fake_nccl.hpp: the functions
+// backends/cuda/cuda_runtime.cpp and backends/nccl/nccl_comms.cpp call, with the signatures of
+// <cuda_runtime_api.h> and <nccl.h>, defined over host memory; streams run everything at once.
+// Rules it checks (each broken one is a violation): a kernel goes on a stream of the current
+// device and reads memory that device can reach (its own, or a peer's with access enabled); no
+// NCCL call on a communicator while another thread is inside one on it, none after
+// ncclCommAbort freed it, no abort while another thread is inside a call; communicators
+// non-blocking. What it models: a failed call, and cudaEventQuery's cudaErrorNotReady, stay as
+// the thread's last error (as the issue found), and a launch reports that error as its own, as a
+// launch check that reads cudaGetLastError() does; a collective is enqueued (ncclGroupEnd's
+// ncclInProgress resolves) only once every rank has launched it, and completes then unless its
+// rank is scripted to hang.
+#include "support/fake_nccl.hpp"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+#include <backends/cuda/kernels.hpp>
+
+namespace {
+
+struct queued {
+  ncclComm* comm;
+  void* buffer;
+  std::size_t count;
+  ncclDataType_t type;
+  cudaStream_t stream;
+};
+
+struct world {
+  int nranks = 0;
+  std::vector<std::uint64_t> launched;                                // per rank: groups launched
+  std::map<std::uint64_t, std::vector<std::vector<queued>>> data;     // per collective: each rank's buffers
+};
+
+std::mutex lock;
+fake_nccl::script plan;
+fake_nccl::record seen;
+std::map<std::string, std::unique_ptr<world>> worlds;
+std::vector<std::unique_ptr<ncclComm>> all_comms;
+std::uint64_t next_id = 0;
+
+struct last_collective {
+  world* w = nullptr;
+  std::uint64_t seq = 0;
+  int rank = -1;
+};
+std::map<cudaStream_t, last_collective> stream_last;
+
+struct allocation {
+  std::size_t bytes;
+  int device;
+};
+std::map<const char*, allocation> allocations;  // device memory, by base address
+bool peer_enabled[8][8] = {};
+
+thread_local int device = 0;
+thread_local cudaError_t last = cudaSuccess;
+thread_local int depth = 0;
+thread_local std::vector<queued> group_ops;
+thread_local ncclResult_t group_error = ncclSuccess;
+
+void violation(const std::string& what) {
+  std::lock_guard g(lock);
+  seen.violations.push_back(what);
+}
+
+}  // namespace
+
+struct ncclComm {
+  world* w = nullptr;
+  int rank = 0;
+  int init_polls = 0;
+  std::uint64_t enqueuing = 0;   // a launched collective whose enqueue is still in progress
+  ncclResult_t error = ncclSuccess;
+  std::atomic<int> in_use{0};
+  std::atomic<bool> aborted{false};
+  bool destroyed = false;
+};
+
+struct CUevent_st {
+  last_collective waits_for;
+};
+
+namespace {
+
+// Inside an NCCL call on `c`: NCCL's one-thread-per-communicator rule, and no use after abort. The
+// call lasts a little, so that a missing lock shows up as an overlap here.
+struct inside {
+  ncclComm* c;
+  explicit inside(ncclComm* comm, const char* call) : c(comm) {
+    if (c->aborted.load()) violation(std::string(call) + " on an aborted (freed) communicator");
+    if (c->destroyed) violation(std::string(call) + " on a destroyed communicator");
+    if (c->in_use.fetch_add(1) != 0) violation(std::string(call) + " while another thread is inside an NCCL call on it");
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  ~inside() { c->in_use.fetch_sub(1); }
+};
+
+bool collective_done(const last_collective& l) {
+  if (l.w == nullptr) return true;
+  if (l.rank == plan.hang_rank) return false;
+  for (const std::uint64_t n : l.w->launched) {
+    if (n < l.seq) return false;
+  }
+  return true;
+}
+
+template <class T>
+void reduce_sum(std::vector<std::vector<queued>>& ranks) {
+  for (std::size_t op = 0; op < ranks[0].size(); ++op) {
+    std::vector<T> sum(ranks[0][op].count, T{});
+    for (auto& r : ranks) {
+      const T* x = static_cast<const T*>(r[op].buffer);
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += x[i];
+    }
+    for (auto& r : ranks) std::memcpy(r[op].buffer, sum.data(), sum.size() * sizeof(T));
+  }
+}
+
+}  // namespace
+
+namespace fake_nccl {
+
+void reset(const script& s) {
+  std::lock_guard g(lock);
+  plan = s;
+  seen = {};
+  worlds.clear();
+  all_comms.clear();
+  stream_last.clear();
+  for (auto& row : peer_enabled) {
+    for (bool& b : row) b = false;
+  }
+}
+record snapshot() {
+  std::lock_guard g(lock);
+  return seen;
+}
+int group_depth() { return depth; }
+int last_error() { return static_cast<int>(last); }
+int current_device() { return device; }
+
+}  // namespace fake_nccl
+
+// ---- the CUDA runtime ----
+
+cudaError_t cudaGetDevice(int* d) {
+  *d = device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) {
+  if (d < 0 || d >= 8 || d >= plan.devices) return last = cudaErrorInvalidDevice;
+  device = d;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = last;
+  last = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return last; }
+const char* cudaGetErrorName(cudaError_t e) { return e == cudaErrorNotReady ? "cudaErrorNotReady" : "cudaError"; }
+const char* cudaGetErrorString(cudaError_t) { return "fake CUDA error"; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  *e = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  std::lock_guard g(lock);
+  e->waits_for = stream_last[s];
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = plan.devices;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) {
+  *can = plan.can_access_peer ? 1 : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int) {
+  if (plan.enable_peer_error != 0) return last = static_cast<cudaError_t>(plan.enable_peer_error);
+  std::lock_guard g(lock);
+  if (peer_enabled[device][peer]) return last = cudaErrorPeerAccessAlreadyEnabled;
+  peer_enabled[device][peer] = true;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  *s = new CUstream_st{-1, device};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaMalloc(void** p, std::size_t bytes) {
+  if (bytes > (std::size_t{1} << 36)) return last = cudaErrorMemoryAllocation;
+  char* mem = new char[bytes];
+  std::lock_guard g(lock);
+  allocations[mem] = {bytes, device};
+  *p = mem;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  std::lock_guard g(lock);
+  const auto it = allocations.find(static_cast<const char*>(p));
+  if (it == allocations.end()) return last = cudaErrorInvalidValue;
+  delete[] it->first;
+  allocations.erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  std::lock_guard g(lock);
+  *a = {};
+  a->type = cudaMemoryTypeUnregistered;
+  a->device = -2;
+  auto it = allocations.upper_bound(static_cast<const char*>(p));
+  if (it != allocations.begin()) {
+    --it;
+    if (static_cast<const char*>(p) < it->first + it->second.bytes) {
+      a->type = cudaMemoryTypeDevice;
+      a->device = it->second.device;
+    }
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind) {
+  std::memcpy(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind, cudaStream_t) {
+  std::memcpy(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyPeerAsync(void* dst, int, const void* src, int, std::size_t n, cudaStream_t) {
+  std::memcpy(dst, src, n);
+  std::lock_guard g(lock);
+  ++seen.peer_copies;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  std::lock_guard g(lock);
+  if (collective_done(e->waits_for)) return cudaSuccess;
+  ++seen.not_ready_queries;
+  return last = cudaErrorNotReady;  // the runtime leaves it as the thread's last error
+}
+
+// kernels.hpp's launchers, as a launch check sees them: the thread's last error, whatever left
+// it; then CUDA's rules for a launch (the stream's device current, the memory reachable from it);
+// then the arithmetic, for the element types the tests use.
+namespace {
+
+// cudaSuccess, or why this launch on `s` touching `ptrs` would fail on a GPU.
+cudaError_t launch_error(cudaStream_t s, std::initializer_list<const void*> ptrs) {
+  const cudaError_t stale = last;
+  last = cudaSuccess;
+  if (stale != cudaSuccess) return stale;
+  if (s != nullptr && s->rank < 0 && s->device != device) {
+    violation("a kernel launched on a stream of device " + std::to_string(s->device) + " while device " +
+              std::to_string(device) + " was current");
+    return cudaErrorInvalidResourceHandle;
+  }
+  std::lock_guard g(lock);
+  for (const void* p : ptrs) {
+    auto it = allocations.upper_bound(static_cast<const char*>(p));
+    if (it == allocations.begin()) continue;  // not device memory (a test's own host buffers)
+    --it;
+    if (static_cast<const char*>(p) >= it->first + it->second.bytes) continue;
+    const int d = it->second.device;
+    if (d != device && !peer_enabled[device][d]) {
+      seen.violations.push_back("a kernel on device " + std::to_string(device) + " touched device " +
+                                std::to_string(d) + "'s memory without peer access");
+      return cudaErrorIllegalAddress;
+    }
+  }
+  ++seen.launches;
+  return cudaSuccess;
+}
+
+template <class T>
+void combine(mirror::ReduceOp op, T* d, const T* s, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    switch (op) {
+      case mirror::ReduceOp::sum:
+      case mirror::ReduceOp::mean: d[i] = static_cast<T>(d[i] + s[i]); break;
+      case mirror::ReduceOp::prod: d[i] = static_cast<T>(d[i] * s[i]); break;
+      case mirror::ReduceOp::min: d[i] = s[i] < d[i] ? s[i] : d[i]; break;
+      case mirror::ReduceOp::max: d[i] = d[i] < s[i] ? s[i] : d[i]; break;
+    }
+  }
+}
+
+template <class T>
+void divide(T* p, std::size_t n, std::size_t count) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(count));
+}
+
+}  // namespace
+
+namespace mirror::cuda::impl {
+int launch_divide(void* stream, element_type type, void* p, std::size_t n, std::size_t count) noexcept {
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), {p})) return static_cast<int>(e);
+  switch (type) {
+    case element_type::f32: divide(static_cast<float*>(p), n, count); break;
+    case element_type::f64: divide(static_cast<double*>(p), n, count); break;
+    case element_type::i32: divide(static_cast<std::int32_t*>(p), n, count); break;
+    case element_type::i64: divide(static_cast<std::int64_t*>(p), n, count); break;
+    default: return cudaErrorNotSupported;
+  }
+  return 0;
+}
+int launch_combine(void* stream, ReduceOp op, element_type type, void* dst, const void* src, std::size_t n) noexcept {
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), {dst, src})) return static_cast<int>(e);
+  switch (type) {
+    case element_type::f32: combine(op, static_cast<float*>(dst), static_cast<const float*>(src), n); break;
+    case element_type::f64: combine(op, static_cast<double*>(dst), static_cast<const double*>(src), n); break;
+    case element_type::i32:
+      combine(op, static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(src), n);
+      break;
+    case element_type::i64:
+      combine(op, static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(src), n);
+      break;
+    default: return cudaErrorNotSupported;
+  }
+  return 0;
+}
+}  // namespace mirror::cuda::impl
+
+// ---- NCCL ----
+
+const char* ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclInProgress: return "in progress";
+    case ncclSystemError: return "fake system error";
+    case ncclInvalidArgument: return "fake invalid argument";
+    default: return "fake NCCL error";
+  }
+}
+ncclResult_t ncclGetVersion(int* v) {
+  *v = 22809;
+  return ncclSuccess;
+}
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  std::lock_guard g(lock);
+  std::memset(id->internal, 0, sizeof id->internal);
+  std::snprintf(id->internal, sizeof id->internal, "world-%llu", static_cast<unsigned long long>(++next_id));
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupStart() {
+  ++depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
+  if (depth == 0) violation("ncclCommInitRankConfig outside a group (several ranks on one thread need one)");
+  if (config == nullptr || config->blocking != 0) violation("a blocking communicator");
+  std::lock_guard g(lock);
+  auto& w = worlds[id.internal];
+  if (!w) {
+    w = std::make_unique<world>();
+    w->nranks = nranks;
+    w->launched.assign(static_cast<std::size_t>(nranks), 0);
+  }
+  auto c = std::make_unique<ncclComm>();
+  c->w = w.get();
+  c->rank = rank;
+  c->init_polls = plan.init_polls;
+  c->error = static_cast<ncclResult_t>(plan.init_async);
+  *comm = c.get();
+  all_comms.push_back(std::move(c));
+  return ncclInProgress;
+}
+ncclResult_t ncclAllReduce(const void*, void* recv, std::size_t count, ncclDataType_t type, ncclRedOp_t, ncclComm_t comm,
+                           cudaStream_t stream) {
+  const inside in(comm, "ncclAllReduce");
+  if (depth == 0) violation("ncclAllReduce outside a group");
+  int call = 0;
+  {
+    std::lock_guard g(lock);
+    call = ++seen.all_reduce_calls;
+  }
+  if (call == plan.fail_all_reduce_call) return group_error = ncclInvalidArgument;
+  group_ops.push_back({comm, recv, count, type, stream});
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (depth == 0) {
+    violation("ncclGroupEnd without ncclGroupStart");
+    return ncclInvalidUsage;
+  }
+  if (--depth > 0) return ncclSuccess;
+  std::vector<queued> ops;
+  ops.swap(group_ops);
+  if (group_error != ncclSuccess) {  // NCCL discards a group in which a call failed
+    const ncclResult_t e = group_error;
+    group_error = ncclSuccess;
+    return e;
+  }
+  if (ops.empty()) return ncclInProgress;  // communicator creation
+  ncclComm* c = ops[0].comm;
+  const inside in(c, "ncclGroupEnd");
+  std::lock_guard g(lock);
+  world& w = *c->w;
+  const std::uint64_t seq = ++w.launched[static_cast<std::size_t>(c->rank)];
+  auto& per_rank = w.data[seq];
+  per_rank.resize(static_cast<std::size_t>(w.nranks));
+  per_rank[static_cast<std::size_t>(c->rank)] = ops;
+  stream_last[ops[0].stream] = {&w, seq, c->rank};
+  ++seen.groups_launched;
+  bool all = true;
+  for (const std::uint64_t n : w.launched) all = all && n >= seq;
+  if (all) {
+    if (ops[0].type == ncclFloat64) {
+      reduce_sum<double>(per_rank);
+    } else if (ops[0].type == ncclInt32) {
+      reduce_sum<std::int32_t>(per_rank);
+    } else {
+      reduce_sum<float>(per_rank);
+    }
+    w.data.erase(seq);
+  }
+  if (plan.group_end == ncclInProgress) c->enqueuing = seq;
+  else if (plan.enqueue_async != ncclSuccess) c->error = static_cast<ncclResult_t>(plan.enqueue_async);
+  return static_cast<ncclResult_t>(plan.group_end);
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
+  const inside in(comm, "ncclCommGetAsyncError");
+  std::lock_guard g(lock);
+  if (comm->init_polls > 0) {
+    --comm->init_polls;
+    *state = ncclInProgress;
+    return ncclSuccess;
+  }
+  if (comm->enqueuing != 0) {
+    bool all = true;
+    for (const std::uint64_t n : comm->w->launched) all = all && n >= comm->enqueuing;
+    if (!all) {
+      *state = ncclInProgress;
+      return ncclSuccess;
+    }
+    comm->enqueuing = 0;
+    if (plan.enqueue_async != ncclSuccess) comm->error = static_cast<ncclResult_t>(plan.enqueue_async);
+  }
+  *state = comm->error;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (comm->in_use.load() != 0) violation("ncclCommAbort while another thread is inside an NCCL call on the communicator");
+  if (comm->aborted.exchange(true)) violation("ncclCommAbort twice");
+  std::lock_guard g(lock);
+  ++seen.aborts;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  const inside in(comm, "ncclCommFinalize");
+  return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  {
+    const inside in(comm, "ncclCommDestroy");
+  }
+  comm->destroyed = true;
+  std::lock_guard g(lock);
+  ++seen.destroys;
+  return ncclSuccess;
+}

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// A scripted stand-in for the CUDA runtime and NCCL functions that backends/cuda/cuda_runtime.cpp
+// and backends/nccl/nccl_comms.cpp call (tests/support/fake_nccl.cpp), so that their device,
+// error, watchdog and locking paths run in CPU-only CI: a test links libmirror_cuda's or
+// libmirror_nccl's object with the fake instead of libcudart and libnccl. "GPUs" are numbers,
+// their memory is host memory that the fake tracks, a "stream" belongs to the device current
+// when it was made (tests may make their own: fake_nccl::stream), and ranks are threads. The
+// fake checks CUDA's and NCCL's rules as it goes and records what breaks them.
+#include <string>
+#include <vector>
+
+struct CUstream_st {
+  int rank;
+  int device = 0;
+};
+
+namespace fake_nccl {
+
+using stream = CUstream_st;
+
+/// What the fake does; reset() before each test.
+struct script {
+  int init_async = 0;           // the state a communicator settles in after init (0: ncclSuccess)
+  int init_polls = 2;           // polls of ncclCommGetAsyncError that answer ncclInProgress first
+  int group_end = 7;            // what ncclGroupEnd of an all-reduce returns (7: ncclInProgress)
+  int enqueue_async = 0;        // the state a communicator settles in once every rank enqueued
+  int fail_all_reduce_call = 0; // the n-th ncclAllReduce call (1-based) fails; 0: none
+  int hang_rank = -1;           // this rank's collectives never complete (its events stay not ready)
+  int devices = 8;              // cudaGetDeviceCount
+  bool can_access_peer = true;  // cudaDeviceCanAccessPeer's answer for every pair
+  int enable_peer_error = 0;    // what cudaDeviceEnablePeerAccess fails with (0: it succeeds)
+};
+void reset(const script& s = {});
+
+/// What happened since reset().
+struct record {
+  int all_reduce_calls = 0;   // ncclAllReduce
+  int groups_launched = 0;    // ncclGroupEnd that launched all-reduces
+  int aborts = 0;             // ncclCommAbort
+  int destroys = 0;           // ncclCommDestroy
+  int not_ready_queries = 0;  // cudaEventQuery answered cudaErrorNotReady
+  int launches = 0;           // launch_combine and launch_divide that ran
+  int peer_copies = 0;        // cudaMemcpyPeerAsync
+  std::vector<std::string> violations;  // NCCL's or CUDA's rules broken (must stay empty)
+};
+record snapshot();
+
+/// This thread's open ncclGroupStart count, and its CUDA last error (cudaPeekAtLastError).
+int group_depth();
+int last_error();
+/// This thread's current device (cudaGetDevice / cudaSetDevice).
+int current_device();
+
+}  // namespace fake_nccl

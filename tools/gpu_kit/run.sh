@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The GPU kit's runner: everything mirror has for a GPU, run on one machine in a few minutes.
+#
+#   run.sh OUTDIR [--data DIR]
+#
+# Prints nvidia-smi and the versions found, then runs, each under its own time limit: every GPU
+# test (Catch2; one line per test case with its result), the trainer (examples/fashion_mnist
+# --device cuda: test_accuracy must reach 0.88), the all-reduce benchmark (a fixed time budget)
+# and compute-sanitizer's memcheck over part of a conformance suite. OUTDIR receives few files
+# (a device check returns at most 8): summary.txt, versions.txt, tests.log, trainer.log,
+# bench.txt, sanitizer.log. Exit status 0 when nothing failed (skips included), 1 otherwise.
+#
+# Libraries: the programs link the CUDA runtime, libstdc++ and zlib statically; libnccl.so.2 and
+# libcublas.so.13 come from this machine: $MIRROR_KIT_LIB_DIRS (colon-separated) first, then the
+# CUDA toolkit's folders, then the Python packages nvidia-nccl-cu13 / nvidia-cublas (nvidia/*/lib
+# under the site-packages of python3 on PATH). The data set: --data, $FASHION_MNIST_DATA,
+# KIT/../fashion-mnist, KIT/data, /usr/share/datasets/fashion-mnist.
+# Time limits: $MIRROR_KIT_BUDGET seconds in all (default 330), shared out as the steps go: each
+# step keeps back time for the ones after it, and one that would get under 15 s is skipped.
+set -uo pipefail
+
+KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+[[ $# -ge 1 ]] || { echo "usage: $0 OUTDIR [--data DIR]" >&2; exit 2; }
+OUTDIR=$1
+shift
+DATA=${FASHION_MNIST_DATA:-}
+if [[ ${1:-} == --data && -n ${2:-} ]]; then DATA=$2; fi
+mkdir -p "$OUTDIR" || exit 2
+OUTDIR=$(cd "$OUTDIR" && pwd)
+SUMMARY=$OUTDIR/summary.txt
+: >"$SUMMARY"
+for f in versions.txt tests.log trainer.log bench.txt sanitizer.log; do : >"$OUTDIR/$f"; done
+
+DEADLINE=$((SECONDS + ${MIRROR_KIT_BUDGET:-330}))
+PASSED=0 FAILED=0 SKIPPED=0
+
+say() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
+# limit MAX RESERVE: seconds for the next step, keeping RESERVE for the steps after it; 0 when
+# that leaves under 15 (the step is then skipped).
+limit() {
+  local left=$((DEADLINE - SECONDS - $2))
+  if ((left < 15)); then echo 0; elif ((left < $1)); then echo "$left"; else echo "$1"; fi
+}
+no_time() {
+  say "  SKIP $1: no time left in the ${MIRROR_KIT_BUDGET:-330} s budget"
+  SKIPPED=$((SKIPPED + 1))
+}
+PY=$(command -v python3 || true)
+
+# ---- libraries ----
+lib_dirs() {
+  local IFS=:
+  for d in ${MIRROR_KIT_LIB_DIRS:-}; do echo "$d"; done
+  echo /usr/local/cuda/lib64
+  echo /usr/local/cuda/lib
+  echo /usr/local/cuda/targets/x86_64-linux/lib
+  if [[ -n $PY ]]; then
+    "$PY" - <<'EOF' 2>/dev/null
+import glob, os, site, sys
+roots = list(site.getsitepackages()) + [site.getusersitepackages()] + [p for p in sys.path if p.endswith('-packages')]
+seen = set()
+for r in roots:
+    for d in sorted(glob.glob(os.path.join(r, 'nvidia', '*', 'lib'))):
+        if d not in seen:
+            seen.add(d)
+            print(d)
+EOF
+  fi
+  ls -d /usr/lib/python3*/*-packages/nvidia/*/lib /usr/local/lib/python3*/*-packages/nvidia/*/lib \
+    /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null
+  echo /usr/lib/x86_64-linux-gnu
+  echo /usr/lib64
+}
+find_lib() {
+  local d
+  while read -r d; do
+    [[ -n $d && -e $d/$1 ]] && { echo "$d"; return 0; }
+  done < <(lib_dirs)
+  return 1
+}
+LIBPATH=
+for lib in libnccl.so.2 libcublas.so.13; do
+  if dir=$(find_lib "$lib"); then
+    case ":$LIBPATH:" in *":$dir:"*) ;; *) LIBPATH=${LIBPATH:+$LIBPATH:}$dir ;; esac
+    echo "$lib: found in $dir" >>"$OUTDIR/versions.txt"
+  else
+    echo "$lib: NOT FOUND (searched: $(lib_dirs | tr '\n' ' ')); set MIRROR_KIT_LIB_DIRS" \
+      | tee -a "$OUTDIR/versions.txt"
+  fi
+done
+export LD_LIBRARY_PATH=${LIBPATH}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+say "mirror GPU kit: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(uname -n) ($(uname -m)), kit $KIT"
+{
+  echo "== nvidia-smi"
+  if command -v nvidia-smi >/dev/null 2>&1; then timeout 20 nvidia-smi 2>&1; else echo "nvidia-smi: not found"; fi
+  echo "== gpu_info"
+} >>"$OUTDIR/versions.txt"
+timeout 30 "$KIT/gpu_info" >"$OUTDIR/gpu_info.tmp" 2>&1
+GPU_STATUS=$?
+cat "$OUTDIR/gpu_info.tmp" >>"$OUTDIR/versions.txt"
+sed 's/^/  /' "$OUTDIR/gpu_info.tmp" | tee -a "$SUMMARY"
+rm -f "$OUTDIR/gpu_info.tmp"
+case $GPU_STATUS in
+  0) HAVE_GPU=1 ;;
+  77) HAVE_GPU=0 ;;
+  *) HAVE_GPU=0
+     say "FAIL gpu_info: exit $GPU_STATUS (a library missing? see versions.txt)"
+     FAILED=$((FAILED + 1)) ;;
+esac
+if command -v nvidia-smi >/dev/null 2>&1; then
+  say "  nvidia-smi: $(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4 | paste -sd ';')"
+fi
+
+# ---- tests: one line per Catch2 test case ----
+# cases XML EXE: "PASS|FAIL <exe>: <case> (<s> s)" per case, and the failed assertions.
+cases() {
+  if [[ -n $PY ]]; then
+    "$PY" - "$1" "$2" <<'EOF'
+import html, re, sys
+text = open(sys.argv[1], encoding='utf-8', errors='replace').read()
+exe = sys.argv[2]
+for m in re.finditer(r'<TestCase name="([^"]*)"(.*?)(?:<OverallResult success="(true|false)"(?: durationInSeconds="([^"]*)")?|$)', text, re.S):
+    name, body, ok, secs = html.unescape(m.group(1)), m.group(2), m.group(3), m.group(4)
+    verdict = {'true': 'PASS', 'false': 'FAIL'}.get(ok, 'FAIL (did not finish)')
+    print(f'  {verdict} {exe}: {name}' + (f' ({float(secs):.2f} s)' if secs else ''))
+    if ok != 'true':
+        for e in re.finditer(r'<Expression success="false"[^>]*filename="([^"]*)" line="(\d+)">.*?<Expanded>\s*(.*?)\s*</Expanded>', body, re.S):
+            print(f'      {e.group(1).split("/")[-1]}:{e.group(2)}: {html.unescape(e.group(3)).strip()[:300]}')
+        for e in re.finditer(r'<(?:Exception|FatalErrorCondition)[^>]*>\s*(.*?)\s*</(?:Exception|FatalErrorCondition)>', body, re.S):
+            print(f'      {html.unescape(e.group(1)).strip()[:300]}')
+EOF
+  else
+    grep -o '<TestCase name="[^"]*"\|<OverallResult success="[a-z]*"' "$1" | paste - - \
+      | sed -e 's/<TestCase name="\([^"]*\)".*success="true"/  PASS '"$2"': \1/' \
+            -e 's/<TestCase name="\([^"]*\)".*success="false"/  FAIL '"$2"': \1/'
+  fi
+}
+
+TESTS=(cuda_device cuda_reduction_to_one_device cuda_hierarchical_copy cuda_nccl_all_reduce)
+say "tests:"
+for t in "${TESTS[@]}"; do
+  exe=$KIT/${t}_test
+  [[ -x $exe ]] || { say "  SKIP $t: not in this kit (built without NCCL?)"; SKIPPED=$((SKIPPED + 1)); continue; }
+  xml=$OUTDIR/$t.xml.tmp
+  secs=$(limit 100 110)  # kept back: a trainer run, the benchmark, the sanitizer
+  ((secs > 0)) || { no_time "$t"; continue; }
+  start=$SECONDS
+  timeout --kill-after=10 "$secs" "$exe" -r xml -d yes >"$xml" 2>"$OUTDIR/$t.err.tmp"
+  status=$?
+  {
+    echo "== $t (exit $status, $((SECONDS - start)) s, limit $secs s)"
+    cat "$OUTDIR/$t.err.tmp"
+  } >>"$OUTDIR/tests.log"
+  if [[ $status -eq 77 ]]; then
+    say "  SKIP $t: $(grep -m1 '^SKIP' "$xml" | sed 's/^SKIP: //')"
+    SKIPPED=$((SKIPPED + 1))
+  else
+    lines=$(cases "$xml" "$t")
+    printf '%s\n' "$lines" >>"$OUTDIR/tests.log"
+    ok=$(grep -c '^  PASS' <<<"$lines")
+    bad=$(grep -c '^  FAIL' <<<"$lines")
+    note=
+    if [[ $status -ne 0 && $bad -eq 0 ]]; then
+      bad=1
+      note=" (exit $status$([[ $status -eq 124 ]] && echo ": timed out after $secs s"))"
+    fi
+    say "  $t: $ok passed, $bad failed$note"
+    [[ -z $lines ]] || printf '%s\n' "$lines" | sed 's/^/  /' | tee -a "$SUMMARY"
+    PASSED=$((PASSED + ok))
+    FAILED=$((FAILED + bad))
+  fi
+  rm -f "$xml" "$OUTDIR/$t.err.tmp"
+done
+
+# ---- the trainer ----
+if [[ -z $DATA ]]; then
+  for d in "$KIT/../fashion-mnist" "$KIT/data" /usr/share/datasets/fashion-mnist; do
+    if [[ -e $d/train-images-idx3-ubyte.gz || -e $d/train-images-idx3-ubyte ]]; then DATA=$d; break; fi
+  done
+fi
+say "trainer (examples/fashion_mnist --device cuda):"
+if [[ $HAVE_GPU -eq 0 ]]; then
+  if "$KIT/fashion_mnist" --help >/dev/null 2>&1; then
+    say "  SKIP fashion_mnist: no CUDA device (the program starts: --help ok)"
+    SKIPPED=$((SKIPPED + 1))
+  else
+    say "  FAIL fashion_mnist: does not start (--help: exit $?)"
+    FAILED=$((FAILED + 1))
+  fi
+elif [[ -z $DATA ]]; then
+  say "  SKIP fashion_mnist: no Fashion-MNIST data (pass --data DIR, or put it in $KIT/../fashion-mnist)"
+  SKIPPED=$((SKIPPED + 1))
+else
+  # The defaults (10 epochs, 2 replicas on one GPU: ReductionToOneDevice), one replica per GPU
+  # (NcclAllReduce), and 4 replicas with HierarchicalCopy: each must reach the CPU trainer's 0.88.
+  for args in "" "--replicas 1" "--replicas 4 --policy hierarchical_copy"; do
+    secs=$(limit 75 60)  # kept back: the benchmark, the sanitizer
+    ((secs > 0)) || { no_time "fashion_mnist --device cuda${args:+ $args}"; continue; }
+    start=$SECONDS
+    # shellcheck disable=SC2086
+    timeout --kill-after=10 "$secs" "$KIT/fashion_mnist" --device cuda --data "$DATA" $args >"$OUTDIR/run.tmp" 2>&1
+    status=$?
+    { echo "== fashion_mnist --device cuda $args (exit $status, $((SECONDS - start)) s)"; cat "$OUTDIR/run.tmp"; } \
+      >>"$OUTDIR/trainer.log"
+    acc=$(sed -n 's/^test_accuracy=\([0-9.]*\)$/\1/p' "$OUTDIR/run.tmp")
+    rate=$(grep '^epoch' "$OUTDIR/run.tmp" | tail -1 | sed 's/.*samples\/s //')
+    label="fashion_mnist --device cuda${args:+ $args}"
+    if [[ $status -eq 0 && -n $acc ]] && awk -v a="$acc" 'BEGIN { exit !(a >= 0.88) }'; then
+      say "  PASS $label: test_accuracy=$acc, last epoch $rate samples/s"
+      PASSED=$((PASSED + 1))
+    else
+      say "  FAIL $label: exit $status, test_accuracy=${acc:-none} (needs >= 0.88); see trainer.log"
+      tail -3 "$OUTDIR/run.tmp" | sed 's/^/      /' | tee -a "$SUMMARY"
+      FAILED=$((FAILED + 1))
+    fi
+  done
+  rm -f "$OUTDIR/run.tmp"
+fi
+
+# ---- the benchmark ----
+say "bench (bench/gpu/all_reduce_gpu_bench):"
+secs=$(limit 75 30)  # kept back: the sanitizer
+budget=$((secs > 30 ? secs - 20 : 10))
+status=0
+if ((secs > 0)); then
+  timeout --kill-after=10 "$secs" "$KIT/all_reduce_gpu_bench" --budget-seconds "$budget" >"$OUTDIR/bench.txt" 2>&1
+  status=$?
+fi
+if ((secs == 0)); then
+  no_time all_reduce_gpu_bench
+elif [[ $status -eq 77 ]]; then
+  say "  SKIP all_reduce_gpu_bench: $(grep -m1 '^SKIP' "$OUTDIR/bench.txt" | sed 's/^SKIP: //')"
+  SKIPPED=$((SKIPPED + 1))
+elif [[ $status -eq 0 ]]; then
+  say "  PASS all_reduce_gpu_bench ($budget s budget):"
+  sed 's/^/    /' "$OUTDIR/bench.txt" | tee -a "$SUMMARY"
+  PASSED=$((PASSED + 1))
+else
+  say "  FAIL all_reduce_gpu_bench: exit $status"
+  tail -5 "$OUTDIR/bench.txt" | sed 's/^/    /' | tee -a "$SUMMARY"
+  FAILED=$((FAILED + 1))
+fi
+
+# ---- compute-sanitizer ----
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+# Part of one conformance suite: memcheck makes every kernel and copy slow, so the cases that
+# cover the kernels (every element type and op, in place and staged) rather than the whole suite.
+SANITIZED=(cuda_reduction_to_one_device_test "conformance: span leaves*" "conformance: a nest*"
+           "conformance: broadcast gives*" "conformance: an exception in one replica*")
+say "compute-sanitizer --tool memcheck (${SANITIZED[0]}, 4 test cases):"
+if [[ $HAVE_GPU -eq 0 ]]; then
+  say "  SKIP compute-sanitizer: no CUDA device"
+  SKIPPED=$((SKIPPED + 1))
+elif [[ -z $SANITIZER ]]; then
+  say "  SKIP compute-sanitizer: not found (PATH, /usr/local/cuda/bin)"
+  SKIPPED=$((SKIPPED + 1))
+elif (($(limit 150 0) == 0)); then
+  no_time compute-sanitizer
+else
+  secs=$(limit 150 0)
+  timeout --kill-after=10 "$secs" "$SANITIZER" --tool memcheck --error-exitcode 99 \
+    "$KIT/${SANITIZED[0]}" "${SANITIZED[@]:1}" -r compact >"$OUTDIR/sanitizer.log" 2>&1
+  status=$?
+  summary=$(grep -m1 'ERROR SUMMARY' "$OUTDIR/sanitizer.log" | sed 's/^=* *//')
+  if [[ $status -eq 0 ]]; then
+    say "  PASS compute-sanitizer: ${summary:-no summary line}"
+    PASSED=$((PASSED + 1))
+  else
+    say "  FAIL compute-sanitizer: exit $status${summary:+, $summary}$([[ $status -eq 124 ]] && echo " (timed out after $secs s)")"
+    grep -m5 '=========.*\(Invalid\|Error\|error\)' "$OUTDIR/sanitizer.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+    FAILED=$((FAILED + 1))
+  fi
+fi
+
+say "total: $PASSED passed, $FAILED failed, $SKIPPED skipped ($SECONDS s)"
+[[ $FAILED -eq 0 ]]
