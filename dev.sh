@@ -21,9 +21,10 @@
 #                                                (ARGS go to it, e.g. -- --quick):
 #                                                bench/results/report.md and PNGs (docs/performance.md)
 #
-# Build directories: build (plain; also builds bench/ and runs its smoke tests, and assembles
-# the GPU kit into build/kit as the test gpu_kit), build-tsan (-Db_sanitize=thread), build-asan
-# (-Db_sanitize=address,undefined), build-bench (bench), build-gpu-kit (gpu-kit: no MPI).
+# Build directories: build (plain; also builds bench/ and runs its smoke tests, builds the API
+# reference into build/docs/html, and assembles the GPU kit into build/kit as the test
+# gpu_kit), build-tsan (-Db_sanitize=thread), build-asan (-Db_sanitize=address,undefined),
+# build-bench (bench), build-gpu-kit (gpu-kit: no MPI).
 # Re-running reuses them (meson setup --reconfigure, which also picks up headers added since
 # the last configure).
 # Packages are installed with apt-get only when one is missing (sudo when not root).
@@ -38,7 +39,9 @@ PACKAGES=(meson ninja-build g++ pkg-config python3 libboost-dev catch2 libbenchm
           libopenmpi-dev openmpi-bin iproute2
           # the CMake consumer tests (tests/consumer/run_cmake.sh) and the installed CMake
           # package (cmake/: Meson writes its version file from CMake's templates)
-          cmake)
+          cmake
+          # the API reference (docs/Doxyfile.in), built and checked in the plain build
+          doxygen)
 # ./dev.sh bench only: the plots (OpenMPI, for the MPI_Allreduce baseline, is in PACKAGES).
 BENCH_PACKAGES=(gnuplot-nox)
 
@@ -118,8 +121,9 @@ case $variant in
   plain)
     build_dir=build
     # The benchmark programs compile with the tests and run as sub-second smoke tests (not in
-    # the sanitizer builds: the OpenMP baseline's libgomp is not instrumented).
-    options+=(-Dbenchmarks=true)
+    # the sanitizer builds: the OpenMP baseline's libgomp is not instrumented). The API
+    # reference is built too, so an undocumented public name fails the build (docs/meson.build).
+    options+=(-Dbenchmarks=true -Ddocs=true)
     ;;
   tsan)
     build_dir=build-tsan

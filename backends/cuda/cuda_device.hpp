@@ -41,6 +41,10 @@ struct Cuda {
   /// every translation unit that includes <mirror/mirror.hpp> in a CUDA build, Threads-only ones
   /// too.)
   struct runtime : cuda::runtime {
+    /// Creates the replicas' streams and events on `d`'s GPUs, enables peer access where it
+    /// can, and starts one host thread per replica. **Errors**: `backend_error` (no GPU, a CUDA
+    /// failure), `std::invalid_argument` (a GPU that does not exist or is listed twice,
+    /// `replicas_per_gpu < 1`).
     explicit runtime(const Cuda& d);
   };
 };

@@ -82,10 +82,12 @@ void synchronize(state&, int replica);
 /// The runtime of `devices::Cuda`: owns the streams, events and buffers of every replica.
 class runtime {
  public:
+  /// A handle to a replica's device memory: the pointer and its device.
   template <class E>
   using pointer = device_ptr<E>;
   /// Device memory is not readable by the replicas' host threads.
   static constexpr bool host_addressable = false;
+  /// Largest payload `exchange` carries (the host threads' exchange does it).
   static constexpr std::size_t max_exchange_bytes = threads::runtime::max_exchange_bytes;
 
   /// `gpus` empty: every visible GPU. Throws `mirror::backend_error` when CUDA has no device.
@@ -97,7 +99,9 @@ class runtime {
   runtime& operator=(const runtime&) = delete;
   ~runtime() = default;
 
+  /// The replica count (GPUs x replicas per GPU).
   int num_replicas() const noexcept { return host_.num_replicas(); }
+  /// True on a thread that is running a replica function of this runtime.
   bool in_parallel() const noexcept { return host_.in_parallel(); }
 
   /// Calls f(r) on every replica's thread with replica r's device current.
@@ -123,8 +127,11 @@ class runtime {
     if (failed.load()) impl::throw_bind_error(*state_);
   }
 
+  /// Makes every waiting and later exchange/barrier of the current parallel call throw.
   void cancel() { host_.cancel(); }
 
+  /// All-gather of `payload` among the replicas' host threads, and a barrier; NCCL's pending
+  /// work of `self` is checked first (its completion ring), so a stuck GPU is named.
   template <class P>
   mirror::detail::exchanged<P> exchange(int self, const P& payload) {
     impl::before_arrival(*state_, self);
@@ -133,6 +140,7 @@ class runtime {
     return all;
   }
 
+  /// Waits until every replica has arrived (checking `self`'s pending NCCL work first).
   void barrier(int self) {
     impl::before_arrival(*state_, self);
     host_.barrier(self);
@@ -150,11 +158,13 @@ class runtime {
     const auto l = impl::attach(*state_, self, const_cast<std::remove_const_t<E>*>(leaf.data()), leaf.size_bytes());
     return {static_cast<E*>(l.ptr), l.device};
   }
+  /// Copies a staged host leaf back from `self`'s device (nothing for a device leaf).
   template <class E>
   void detach(int self, pointer<E> p, std::span<E> leaf) {
     impl::detach(*state_, self, impl::located{const_cast<std::remove_const_t<E>*>(p.ptr), p.device},
                  const_cast<std::remove_const_t<E>*>(leaf.data()), leaf.size_bytes());
   }
+  /// `self`'s scratch space on its device for `n` elements, grown when needed.
   template <class E>
   pointer<E> scratch(int self, std::size_t n) {
     const auto l = impl::scratch(*state_, self, n * sizeof(E));
@@ -170,12 +180,17 @@ class runtime {
   /// the next run reuses (or, to grow it, frees) the buffer.
   template <class E>
   using view = device_span<E>;
+  /// See `view`: the copy of `host` for argument slot `slot` on `self`'s device.
   template <class E>
   view<const E> stage_argument(int self, std::size_t slot, std::span<const E> host) {
     const auto l = impl::stage_argument(*state_, self, slot, host.data(), host.size_bytes());
     return {static_cast<const E*>(l.ptr), host.size()};
   }
 
+  ///@{
+  /// The copy, combine and divide primitives of the `device` concept, enqueued on `self`'s
+  /// stream: a peer copy (or one staged through host memory) when `src` is on another GPU, and
+  /// the element kernels of backends/cuda/kernels.cu for combine and divide.
   template <class E>
   void copy(int self, pointer<E> dst, pointer<E> src, std::size_t n) {
     if (n == 0 || dst == src) return;
@@ -191,6 +206,7 @@ class runtime {
   void divide(int self, pointer<E> p, std::size_t n, std::size_t count) {
     impl::divide(*state_, self, element_type_of<E>(), impl::located{p.ptr, p.device}, n, count, sizeof(E));
   }
+  ///@}
 
   // ---- for backends (NCCL), tests and benchmarks ----
 

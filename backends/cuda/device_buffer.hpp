@@ -21,9 +21,13 @@ void buffer_download(int device, void* dst, const void* src, std::size_t bytes);
 template <class E>
 class device_buffer {
  public:
-  device_buffer() = default;
+  device_buffer() = default;  ///< no memory
+  /// Allocates `size` elements on CUDA device `device` (`backend_error` when it cannot); the
+  /// calling thread's current device is left as it was.
   device_buffer(int device, std::size_t size)
       : data_(static_cast<E*>(impl::buffer_allocate(device, size * sizeof(E)))), size_(size), device_(device) {}
+  ///@{
+  /// Takes `o`'s memory; `o` is left empty (the assignment hands `o` this buffer's old memory).
   device_buffer(device_buffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), device_(o.device_) {}
   device_buffer& operator=(device_buffer&& o) noexcept {
@@ -32,11 +36,12 @@ class device_buffer {
     std::swap(device_, o.device_);
     return *this;
   }
+  ///@}
   ~device_buffer() { impl::buffer_free(device_, data_); }
 
-  E* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return size_; }
-  int device() const noexcept { return device_; }
+  E* data() const noexcept { return data_; }            ///< the device address (never read it on the host)
+  std::size_t size() const noexcept { return size_; }   ///< elements
+  int device() const noexcept { return device_; }       ///< the CUDA device ordinal that owns it
   /// The buffer as a leaf, reduced in place.
   device_span<E> span() const noexcept { return {data_, size_}; }
 

@@ -12,8 +12,8 @@ namespace mirror::cuda {
 /// A device address and the CUDA device ordinal that owns it (-1: none).
 template <class E>
 struct device_ptr {
-  E* ptr = nullptr;
-  int device = -1;
+  E* ptr = nullptr;  ///< the device address
+  int device = -1;   ///< the CUDA device ordinal (-1: none)
 
   friend device_ptr operator+(device_ptr p, std::size_t n) noexcept { return {p.ptr + n, p.device}; }
   friend bool operator==(const device_ptr&, const device_ptr&) = default;

@@ -18,10 +18,11 @@ namespace mirror::cuda {
 /// error (a view leaf), and so is using it on a host device such as `devices::Threads`.
 template <class E>
 struct device_span {
-  E* data = nullptr;
-  std::size_t size = 0;
+  E* data = nullptr;     ///< device address of the first element
+  std::size_t size = 0;  ///< elements
 };
 
+/// `device_span(p, n)` deduces E from the pointer.
 template <class E>
 device_span(E*, std::size_t) -> device_span<E>;
 
@@ -39,6 +40,8 @@ struct leaf_traits<cuda::device_span<E>,
                    std::enable_if_t<(std::is_arithmetic_v<E> || std::is_same_v<E, cuda::half> ||
                                      std::is_same_v<E, cuda::bfloat16>) &&
                                     !std::is_const_v<E>>> {
+  ///@{
+  /// The leaf_traits interface (the table in the file comment of mirror/leaf_traits.hpp).
   static constexpr bool is_leaf = true;
   using element_type = E;
   static constexpr int rank = 1;
@@ -47,6 +50,7 @@ struct leaf_traits<cuda::device_span<E>,
   static constexpr bool device_resident = true;
   static constexpr bool resizable = false;
   static std::span<E> elements(const cuda::device_span<E>& x) noexcept { return {x.data, x.size}; }
+  ///@}
 };
 
 }  // namespace mirror

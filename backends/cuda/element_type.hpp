@@ -14,16 +14,17 @@ namespace mirror::cuda {
 
 /// IEEE binary16 storage (the bits of `__half`).
 struct half {
-  std::uint16_t bits;
+  std::uint16_t bits;  ///< sign, 5 exponent bits, 10 mantissa bits
 };
 /// bfloat16 storage (the bits of `__nv_bfloat16`).
 struct bfloat16 {
-  std::uint16_t bits;
+  std::uint16_t bits;  ///< the upper 16 bits of an IEEE binary32
 };
 
 /// Tag of an element type the kernel library (kernels.cu) is instantiated for.
 enum class element_type : int { f32, f64, f16, bf16, i32, i64, u8 };
 
+/// False for every E: a static_assert that names E fails only when instantiated.
 template <class E>
 inline constexpr bool always_false = false;
 

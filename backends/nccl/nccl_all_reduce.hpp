@@ -110,6 +110,8 @@ struct NcclAllReduce {
     return nccl::impl::enqueued(comms_of(rt, workers_of(rt)), replica);
   }
 
+  /// The `cross_device_ops` interface (mirror/concepts/cross_device_ops.hpp), called by every
+  /// replica: one `ncclAllReduce` per pack, in one NCCL group, enqueued on the replica's stream.
   template <class Rt, class E>
     requires std::derived_from<Rt, cuda::runtime>
   void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
@@ -215,6 +217,6 @@ namespace mirror {
 /// `devices::Cuda` reduces with NCCL by default in builds with NCCL (TF's choice on GPUs).
 template <>
 struct default_ops<devices::Cuda> {
-  using type = ops::NcclAllReduce;
+  using type = ops::NcclAllReduce;  ///< the ops policy
 };
 }  // namespace mirror
