@@ -242,6 +242,11 @@ void restore(S& strategy, const std::string& path, Vars&... vars) {
         (detail::deserialise(in, value, index++, path), ...);
       },
       values);
+  if (!in.empty()) {
+    throw shape_error("mirror::restore(" + path + "): the checkpoint holds " + std::to_string(in.size()) +
+                      " more bytes after the last variable's leaves (its variables have more or larger leaves); "
+                      "restore into variables made like the saved ones, in the same order");
+  }
   std::apply([&](const auto&... value) { (vars.assign(value), ...); }, values);
 }
 

@@ -67,3 +67,19 @@ TEST_CASE("save and restore report what went wrong and change nothing", "[checkp
   CHECK_THROWS_AS(mirror::restore(s, dir / "ckpt", ints), mirror::shape_error);  // saved float
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("restore rejects a checkpoint with more data than the variables take", "[checkpoint][errors]") {
+  // Issue 33: a tuple of two 5-float vectors restored into one 5-float vector succeeded and took
+  // the first leaf. A checkpoint must match the variables exactly.
+  S s{{.replicas = 2}};
+  const auto dir = temp_dir();
+  const auto path = dir / "ckpt";
+  using Pair = std::tuple<std::vector<float>, std::vector<float>>;
+  auto pair = s.make_variable(Pair{std::vector<float>(5, 1.5f), std::vector<float>(5, 2.5f)}, VariableAggregation::sum);
+  mirror::save(s, path, pair);
+  auto one = s.make_variable(std::vector<float>(5, 0.0f), VariableAggregation::sum);
+  REQUIRE_THROWS_AS(mirror::restore(s, path, one), mirror::shape_error);
+  REQUIRE_THROWS_WITH(mirror::restore(s, path, one), Catch::Contains(path.string()) && Catch::Contains("more"));
+  CHECK(one.value() == std::vector<float>(5, 0.0f));  // unchanged
+  std::filesystem::remove_all(dir);
+}
