@@ -249,7 +249,8 @@ class Strategy {
   ///
   /// **Returns**: a `T`. Combines replicas in the order 0, 1, ..., N-1, so the bits equal a serial
   /// loop's and are the same run after run.
-  /// **Errors**: `mirror::shape_error` when components' leaves differ in size.
+  /// **Errors**: `mirror::shape_error` when components' leaves differ in size, or when `value`
+  /// does not have one component per (local) replica.
   /// Works in cross-replica context: outside `run` (parallel over the device's threads) and inside
   /// a `merge_call` function (on the calling thread).
   ///
@@ -269,6 +270,9 @@ class Strategy {
                   "mirror::Strategy::reduce(op, value): value holds std::span (view) leaves, so the "
                   "result would alias replica 0's buffer; all_reduce the spans inside fn, or reduce "
                   "owning leaves such as std::vector");
+    if (value.size() != static_cast<std::size_t>(num_local_replicas())) {
+      detail::throw_component_count_error("reduce(op, value)", value.size(), num_local_replicas(), multi_worker);
+    }
     if constexpr (detail::has_device_leaf<T>()) {
       return reduce_on_devices(op, value);
     } else {
@@ -319,7 +323,8 @@ class Strategy {
   ///
   /// **Requires**: leaves of rank >= 1 (a scalar is a compile error); nests of std::tuple,
   /// std::pair or std::array. Replicas may hold different batch sizes.
-  /// **Errors**: `mirror::shape_error` for the integer `mean` of zero elements (floats give NaN).
+  /// **Errors**: `mirror::shape_error` for the integer `mean` of zero elements (floats give NaN),
+  /// or when `value` does not have one component per (local) replica.
   template <class V>
   auto reduce(ReduceOp op, const V& value, axis_t<0>) {
     static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
@@ -332,6 +337,9 @@ class Strategy {
                   "which the host cannot read; reduce(op, value) without axis0 (it runs on the devices), then "
                   "reduce the leading dimension on the device, or return host leaves (std::vector) from fn");
     using R = detail::axis0_result_t<T>;
+    if (value.size() != static_cast<std::size_t>(num_local_replicas())) {
+      detail::throw_component_count_error("reduce(op, value, axis0)", value.size(), num_local_replicas(), multi_worker);
+    }
     const std::span<const T> components = local_results(value);
     std::vector<const T*> ptrs;
     ptrs.reserve(components.size());

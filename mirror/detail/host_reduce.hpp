@@ -56,6 +56,19 @@ MIRROR_DETAIL_INLINE void throw_component_shape_error(const char* api, const sha
 }
 #endif
 
+/// Strategy::reduce's error for a value whose component count is not the replica count.
+[[noreturn, gnu::cold]] MIRROR_DETAIL_INLINE void throw_component_count_error(const char* api, std::size_t components,
+                                                                              int replicas, bool multi_worker);
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE void throw_component_count_error(const char* api, std::size_t components, int replicas,
+                                                      bool multi_worker) {
+  throw shape_error(format("mirror::Strategy::%s: value has %zu components but the strategy has %d replicas%s; reduce "
+                           "a value with one component per replica (what run returns on this strategy)",
+                           api, components, replicas, multi_worker ? " in this worker" : ""));
+}
+#endif
+
 /// How reduce_components spreads its work: `run(self, bytes, body, arg)` calls body(arg, part,
 /// parts) for every part it chooses (Strategy: over its threads for large leaves; serial_parallel:
 /// once, on the calling thread). Function pointers, not a template parameter, so that the

@@ -293,6 +293,28 @@ TEST_CASE("reduce: mean keeps the element type, shapes must match", "[strategy][
                           Catch::Contains("1 elements on replica 1 but 2 on replica 0"));
 }
 
+TEST_CASE("reduce rejects a value whose component count is not the replica count", "[strategy][reduce][errors]") {
+  // Issue 33: no components was a segmentation fault, and four components on three replicas
+  // reduced them all; run rejects both, and reduce must too, naming both counts.
+  S s{{.replicas = 3}};
+  const mirror::PerReplica<int> none(std::vector<int>{});
+  const mirror::PerReplica<int> four({1, 2, 3, 4});
+  const mirror::PerReplica<std::vector<double>> batches({{1.0}, {2.0}, {3.0}, {4.0}});
+  REQUIRE_THROWS_AS(s.reduce(ReduceOp::sum, none), mirror::shape_error);
+  REQUIRE_THROWS_AS(s.reduce(ReduceOp::sum, four), mirror::shape_error);
+  REQUIRE_THROWS_AS(s.reduce(ReduceOp::sum, batches, mirror::axis0), mirror::shape_error);
+  REQUIRE_THROWS_AS(s.reduce(ReduceOp::mean, mirror::PerReplica<std::vector<double>>(std::vector<std::vector<double>>{}),
+                             mirror::axis0),
+                    mirror::shape_error);
+  REQUIRE_THROWS_WITH(s.reduce(ReduceOp::sum, none), Catch::Contains("value has 0 components") &&
+                                                         Catch::Contains("the strategy has 3 replicas"));
+  REQUIRE_THROWS_WITH(s.reduce(ReduceOp::max, four), Catch::Contains("value has 4 components") &&
+                                                         Catch::Contains("the strategy has 3 replicas"));
+  REQUIRE_THROWS_WITH(s.reduce(ReduceOp::sum, batches, mirror::axis0),
+                      Catch::Contains("reduce(op, value, axis0)") && Catch::Contains("4 components"));
+  REQUIRE(s.reduce(ReduceOp::sum, mirror::PerReplica<int>({1, 2, 3})) == 6);  // the right count still works
+}
+
 TEST_CASE("reduce with axis0 reduces the batch dimension too", "[strategy][reduce][axis0]") {
   S s{{.replicas = 3}};
   const mirror::PerReplica<std::vector<double>> batches({{1, 2, 3}, {4}, {}});
