@@ -104,6 +104,27 @@ TEST_CASE("leaves of one batch with different row counts are a shape_error", "[i
                       Catch::Contains("has 3 rows but leaf 0 has 4"));
 }
 
+TEST_CASE("a matrix whose element count is not a multiple of its columns is a shape_error", "[input][matrix][errors]") {
+  // Issue 33: 10 floats in 3 columns silently lost the 10th element. Rejected where it is first
+  // used as a batch, naming both sizes; a matrix with no columns cannot hold elements either.
+  S s{{.replicas = 2}};
+  auto split_all = [&](const auto& batches) {
+    for (const auto& p : s.distribute_dataset(batches)) (void)p;
+  };
+  const std::vector<mirror::matrix<float>> ten{{std::vector<float>(10, 1.0f), 3}};
+  REQUIRE_THROWS_AS(split_all(ten), mirror::shape_error);
+  REQUIRE_THROWS_WITH(split_all(ten), Catch::Contains("10 elements") && Catch::Contains("3 columns"));
+  const std::vector<float> pixels(10, 2.0f);
+  const std::vector<std::tuple<std::vector<int>, mirror::matrix_view<const float>>> views{
+      {iota(3), mirror::matrix_view<const float>{pixels, 3}}};
+  REQUIRE_THROWS_WITH(split_all(views), Catch::Contains("leaf 1") && Catch::Contains("10 elements"));
+  const std::vector<mirror::matrix<float>> no_columns{{std::vector<float>(4, 1.0f), 0}};
+  REQUIRE_THROWS_AS(split_all(no_columns), mirror::shape_error);
+  // Whole rows still split as before: 9 floats in 3 columns are 3 rows, 2 and 1.
+  const std::vector<mirror::matrix<float>> nine{{std::vector<float>(9, 1.0f), 3}};
+  for (const auto& p : s.distribute_dataset(nine)) REQUIRE((p[0].rows() == 2 && p[1].rows() == 1));
+}
+
 TEST_CASE("prefetch gives the same batches, also from a lazy range, and passes its errors on", "[input][prefetch]") {
   S s{{.replicas = 3}};
   auto lazy = std::views::iota(0, 6) | std::views::transform([](int i) { return iota(i + 1, i * 10); });
