@@ -8,10 +8,13 @@
 #include <chrono>
 #include <ctime>
 #include <set>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 #include <mirror/mirror.hpp>
 #include <sched.h>
+#include "support/reference.hpp"
 
 using mirror::ReduceOp;
 using namespace std::chrono_literals;
@@ -98,6 +101,57 @@ TEST_CASE("a replica that is late beyond the timeout is named, and the others do
   // run returns once the late replica has returned too; it never waits forever
   REQUIRE(std::chrono::steady_clock::now() - start < 30s);
   REQUIRE(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }).primary() == 3);
+}
+
+TEST_CASE("every replica of a timed-out run throws the one error that its claimant built", "[threads][errors][timeout]") {
+  // Issue 33: 13 replicas, ReductionToOneDevice{.reduce_to = 3}; every replica takes part in a
+  // broadcast of 75,360 doubles from replica 9, then 9 returns from fn and the others all_reduce.
+  // Each waiter used to build its own timeout_error: one built after another replica's cancel()
+  // named replicas that were only cancelled ({9, 10}), and a replica cancelled between the claim
+  // of the failure and its publication got the internal cancellation instead. Now one replica
+  // claims the failure and every other one rethrows its error: the same text, the same missing
+  // list, on every replica and out of run. Many rounds, since which replica wakes first varies.
+  mirror::Strategy<mirror::devices::Threads, mirror::ops::ReductionToOneDevice> s{{.replicas = 13, .timeout = 200ms},
+                                                                                 {.reduce_to = 3}};
+  const int rounds = mirror::test::sanitized ? 100 : 2000;
+  for (int round = 0; round < rounds; ++round) {
+    CAPTURE(round);
+    std::vector<std::string> caught(13);  // what each replica's collective threw
+    std::string reported;
+    auto describe = [](const mirror::timeout_error& e) {
+      std::string text = "missing {";
+      for (const int r : e.missing()) text += std::to_string(r) + " ";
+      return text + "}: " + e.what();
+    };
+    try {
+      s.run([&](auto& ctx) {
+        const int r = ctx.replica_id_in_sync_group();
+        std::string& mine = caught[static_cast<std::size_t>(r)];
+        std::vector<double> v(75360, double(r));
+        try {
+          ctx.broadcast(std::span<double>(v), 9);
+          if (r == 9) return;
+          ctx.all_reduce(ReduceOp::max, std::vector<double>(1, double(r)));
+          mine = "no error";
+        } catch (const mirror::timeout_error& e) {
+          mine = describe(e);
+          throw;
+        } catch (...) {
+          mine = "another exception";
+          throw;
+        }
+      });
+      FAIL("no timeout_error");
+    } catch (const mirror::timeout_error& e) {
+      reported = describe(e);
+    }
+    REQUIRE_THAT(reported, Catch::StartsWith("missing {9 }: "));
+    for (int r = 0; r < 13; ++r) {
+      CAPTURE(r);
+      if (r != 9) REQUIRE(caught[static_cast<std::size_t>(r)] == reported);
+    }
+  }
+  REQUIRE(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }).primary() == 13);
 }
 
 TEST_CASE("a timed-out collective ends the run's collectives, even when fn catches the error",
