@@ -33,6 +33,7 @@
 #if defined(__linux__)
 #include <sched.h>
 #endif
+#include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/replica_rows.hpp>
 #include <mirror/error.hpp>
 
@@ -88,13 +89,40 @@ std::string kind_name(detail::element_kind k) {
   return base + std::to_string(8 * k.bytes);
 }
 
-MPI_Op op_of(ReduceOp op) {
+// min and max of floating-point values as everywhere in mirror (detail::minimum, maximum: a NaN
+// on any worker gives NaN, -0 is below +0). MPI defines MPI_MIN and MPI_MAX for ordered values
+// only, and Open MPI's keep whichever operand their comparison picks, so a NaN would survive or
+// vanish depending on the order of the workers.
+template <bool Max>
+void floating_extreme(void* in, void* inout, int* len, MPI_Datatype* type) {
+  auto each = [&](const auto* a, auto* b) {
+    for (int i = 0; i < *len; ++i) b[i] = Max ? detail::maximum(a[i], b[i]) : detail::minimum(a[i], b[i]);
+  };
+  if (*type == MPI_FLOAT) {
+    each(static_cast<const float*>(in), static_cast<float*>(inout));
+  } else if (*type == MPI_DOUBLE) {
+    each(static_cast<const double*>(in), static_cast<double*>(inout));
+  } else {
+    each(static_cast<const long double*>(in), static_cast<long double*>(inout));
+  }
+}
+MPI_Op floating_min = MPI_OP_NULL, floating_max = MPI_OP_NULL;  // made once MPI is initialised
+std::once_flag floating_ops_made;
+void make_floating_ops() {
+  std::call_once(floating_ops_made, [] {
+    check(MPI_Op_create(&floating_extreme<false>, 1, &floating_min), "MPI_Op_create (min)");
+    check(MPI_Op_create(&floating_extreme<true>, 1, &floating_max), "MPI_Op_create (max)");
+  });
+}
+
+MPI_Op op_of(ReduceOp op, detail::element_kind kind) {
+  const bool floating = kind.cat == detail::element_kind::category::floating;
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::mean: return MPI_SUM;
     case ReduceOp::prod: return MPI_PROD;
-    case ReduceOp::min: return MPI_MIN;
-    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return floating ? floating_min : MPI_MIN;
+    case ReduceOp::max: return floating ? floating_max : MPI_MAX;
   }
   return MPI_SUM;
 }
@@ -484,7 +512,7 @@ struct group::impl {
         const bool ring = ring_algorithm.usable && j.count * j.element.bytes >= ring_from;
         if (ring) ring_algorithm.set(1);
         const int code = MPI_Iallreduce(MPI_IN_PLACE, j.data, static_cast<int>(j.count), datatype_of(j.element),
-                                        op_of(j.op), data, &request);
+                                        op_of(j.op, j.element), data, &request);
         if (ring) ring_algorithm.set(0);
         check(code, "MPI_Iallreduce", j.what);
       } else {
@@ -531,7 +559,8 @@ struct group::impl {
     wait_keeping(request, j.what, rows);
     const std::size_t row = static_cast<std::size_t>(mine) * bytes;
     for (int p = 1; p < W; ++p) {
-      check(MPI_Reduce_local(rows.get() + static_cast<std::size_t>(p) * row, rows.get(), mine, type, op_of(j.op)),
+      check(MPI_Reduce_local(rows.get() + static_cast<std::size_t>(p) * row, rows.get(), mine, type,
+                             op_of(j.op, j.element)),
             "MPI_Reduce_local (in worker order)", j.what);
     }
     if (row != 0) {
@@ -840,6 +869,7 @@ group::group(const group_options& o) : impl_(new impl()) {
         "MPI_THREAD_MULTIPLE, ...) (needed anyway if your code calls MPI while a strategy exists), or let mirror "
         "initialise it");
   }
+  make_floating_ops();
   static_assert(sizeof(MPI_Comm) <= sizeof(std::uint64_t));
   const MPI_Comm comm = o.comm.is_world() ? MPI_COMM_WORLD : o.comm.get<MPI_Comm>();
   // Every collective of the construction is non-blocking and waited with the timeout: a worker
