@@ -81,9 +81,10 @@ inline parallel_ref serial_parallel() noexcept {
   return {nullptr, [](void*, std::size_t, void (*body)(void*, int, int), void* arg) { body(arg, 0, 1); }};
 }
 
-/// dst[i] = in[0][i] op ... op in[n-1][i] for i < size (then / n for mean), split by `parallel`.
-/// `dst` and `in` hold elements of the type `e` describes: one function for every element type
-/// (only the arithmetic is compiled per type, as in ops::ChunkOwnerAllReduce).
+/// dst[i] = in[0][i] op ... op in[n-1][i] for i < size, split by `parallel`. `op` is sum, min,
+/// max or prod: callers reduce a mean as a sum and divide once they have every worker's part
+/// (detail::cross_op). `dst` and `in` hold elements of the type `e` describes: one function for
+/// every element type (only the arithmetic is compiled per type, as in ops::ChunkOwnerAllReduce).
 MIRROR_DETAIL_INLINE void reduce_leaf(ReduceOp op, void* dst, std::size_t size, const void* const* in,
                                       std::size_t n, parallel_ref parallel, const element_kernels& e);
 
@@ -109,7 +110,6 @@ MIRROR_DETAIL_INLINE void reduce_leaf(ReduceOp op, void* dst, std::size_t size, 
         unsigned char* const out = w.dst + a * bytes;
         std::memmove(out, component(0), (b - a) * bytes);
         for (std::size_t r = 1; r < w.n; ++r) w.e->combine(w.op, out, component(r), b - a);
-        if (w.op == ReduceOp::mean) w.e->divide(out, b - a, w.n);
       },
       &j);
 }
@@ -152,7 +152,8 @@ MIRROR_DETAIL_INLINE void check_leaf_sizes(const std::size_t* sizes, std::size_t
 }
 #endif
 
-/// out = the element-wise reduction of the components (out starts as a copy of component 0).
+/// out = the element-wise reduction of the components (out starts as a copy of component 0);
+/// `op` as for reduce_leaf (no mean).
 /// Each part of `parallel` reduces its slice of every leaf in replica order, so the result does
 /// not depend on the split. The shapes are checked on the sizes gathered with the leaves (one
 /// walk of each component, not a second walk of component pairs).
