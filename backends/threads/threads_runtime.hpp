@@ -64,6 +64,10 @@ class runtime {
   /// True on a thread that is running a replica function of this runtime.
   bool in_parallel() const noexcept { return current == this; }
 
+  /// How many of the worker threads (replicas 1..R-1) are parked waiting for the next parallel
+  /// call: asleep, burning no CPU. An idle pool gets there after its spin (limit_cores).
+  int parked_workers() const noexcept { return job_lot_.sleepers(); }
+
   /// Calls f(r) for every replica r concurrently (r = 0 on the calling thread); returns when
   /// all have returned. f must not throw. A small trivially copyable f whose call operator is
   /// const is called through a copy that every replica shares (so a `mutable` member it changes

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <ctime>
 #include <set>
 #include <span>
 #include <string>
@@ -20,13 +19,6 @@ using mirror::ReduceOp;
 using namespace std::chrono_literals;
 using S = mirror::Strategy<mirror::devices::Threads>;
 
-namespace {
-double process_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
-}
-}  // namespace
 
 TEST_CASE("the pool is created once; replica 0 is the calling thread", "[threads][pool]") {
   S s{{.replicas = 4}};
@@ -54,19 +46,21 @@ TEST_CASE("16 replicas on a 2-core machine make progress through many collective
 
 TEST_CASE("an idle pool parks instead of spinning", "[threads][pool]") {
   // Oversubscribed (8 replicas: no spin, four yields) and with a core per replica (the long
-  // spin, 1 ms).
+  // spin, 1 ms): after a run every worker ends up parked on the pool's condition variable,
+  // where it burns no CPU, and the next run wakes them all. Event-based: the test waits for
+  // the parked count; the deadline only turns a pool that never parks into a failure.
   const int cores = static_cast<int>(mirror::threads::usable_cores());
-  for (const int replicas : {8, cores}) {
+  for (const int replicas : {8, std::max(cores, 2)}) {
     CAPTURE(replicas);
     S s{{.replicas = replicas}};
-    s.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, 1); });
-    const double before = process_cpu_seconds();
-    std::this_thread::sleep_for(300ms);
-    const double burnt = process_cpu_seconds() - before;
-    // Spinning workers would burn about one core x 0.3 s each here; parked ones burn next to
-    // nothing (the bound leaves room for the spin after the run and for a loaded CI machine).
-    CAPTURE(burnt);
-    REQUIRE(burnt < 0.1);
+    for (int round = 0; round < 3; ++round) {
+      REQUIRE(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }).primary() == replicas);
+      const auto deadline = std::chrono::steady_clock::now() + 60s;
+      while (s.runtime().parked_workers() != replicas - 1 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+      REQUIRE(s.runtime().parked_workers() == replicas - 1);
+    }
   }
 }
 
@@ -86,20 +80,32 @@ TEST_CASE("a replica that returns without reaching a collective is named", "[thr
 }
 
 TEST_CASE("a replica that is late beyond the timeout is named, and the others do not hang", "[threads][errors][timeout]") {
+  // Replica 1 reaches the all_reduce only after both others have thrown their timeout_error:
+  // late by construction, not by a sleep longer than the timeout.
   S s{{.replicas = 3, .timeout = 200ms}};
+  std::atomic<int> gave_up{0};
   const auto start = std::chrono::steady_clock::now();
   try {
-    s.run([](auto& ctx) {
-      if (ctx.replica_id_in_sync_group() == 1) std::this_thread::sleep_for(1s);
-      ctx.all_reduce(ReduceOp::sum, 1);
+    s.run([&](auto& ctx) {
+      if (ctx.replica_id_in_sync_group() == 1) {
+        while (gave_up.load() < 2) std::this_thread::yield();
+        ctx.all_reduce(ReduceOp::sum, 1);  // the run's timeout_error, at once
+        return;
+      }
+      try {
+        ctx.all_reduce(ReduceOp::sum, 1);
+      } catch (const mirror::timeout_error&) {
+        ++gave_up;
+        throw;
+      }
     });
     FAIL("no exception");
   } catch (const mirror::timeout_error& e) {
     REQUIRE(e.missing() == std::vector<int>{1});
     REQUIRE_THAT(e.what(), Catch::Contains("200 ms") && Catch::Contains("{1} did not reach"));
   }
-  // run returns once the late replica has returned too; it never waits forever
-  REQUIRE(std::chrono::steady_clock::now() - start < 30s);
+  REQUIRE(gave_up == 2);
+  REQUIRE(std::chrono::steady_clock::now() - start >= 200ms);  // not before the timeout
   REQUIRE(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }).primary() == 3);
 }
 
@@ -175,7 +181,7 @@ TEST_CASE("a timed-out collective ends the run's collectives, even when fn catch
         ctx.all_reduce(ReduceOp::sum, 2.0f);
         ++second_returned;
       } else {
-        while (!caught) std::this_thread::sleep_for(1ms);  // late: after replica 0 gave up
+        while (!caught) std::this_thread::yield();  // late: after replica 0 gave up
         ctx.all_reduce(ReduceOp::max, 1.0f);
         ++second_returned;
       }
