@@ -101,7 +101,9 @@ elif [[ $# -gt 0 ]]; then
   die "unexpected argument '$1' (see ./dev.sh help)"
 fi
 
-options=(-Dtests=enabled -Dexamples=true)
+# Everything PACKAGES installs is required, so a dependency that goes missing fails the configure
+# instead of dropping its suite (the MPI tests, the Fashion-MNIST example and its data) quietly.
+options=(-Dtests=enabled -Dexamples=true -Dmpi=enabled -Dfashion_mnist=enabled)
 run_prefix=()
 timeout_multiplier=()
 case $variant in
