@@ -552,9 +552,13 @@ class Strategy {
 
   template <class Body>
   void guarded(detail::replica_errors& errors, int r, Body&& body) noexcept {
+    // Errors built outside fn's collectives (on replica 0's thread: the caller's) name no collective.
+    struct leave_fn {
+      ~leave_fn() { detail::current_position = {}; }
+    } leave;
     try {
       body();
-    } catch (const detail::collective_cancelled&) {
+    } catch (const detail::collective_cancelled_rethrow_me&) {
       // another replica failed first; its error is the one reported
     } catch (...) {
       detail::keep_current_exception(errors, static_cast<std::size_t>(r));
@@ -680,7 +684,7 @@ class Strategy {
     const auto outcomes = rt_.exchange(self, o);
     if (outcomes[0].failed != nullptr) {
       if (self == 0) std::rethrow_exception(failure);
-      throw detail::collective_cancelled{};
+      throw detail::collective_cancelled_rethrow_me{};
     }
     return outcomes[0].value;
   }

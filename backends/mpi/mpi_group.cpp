@@ -33,6 +33,7 @@
 #if defined(__linux__)
 #include <sched.h>
 #endif
+#include <mirror/detail/collective.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/replica_rows.hpp>
 #include <mirror/error.hpp>
@@ -226,6 +227,9 @@ struct group::impl {
     bool checked;
     std::exception_ptr error;
     bool in_worker_order = false;  // reduce: fold the workers' values in worker order (see reduce_in_worker_order)
+    // The caller's collective of fn (detail::current_position, read on the caller's thread), for
+    // messages; sequence 0 outside fn (then `what` names the API).
+    detail::collective_position position{};
     clock::rep done_at = 0;          // when the thread finished it (written before `done`)
     std::atomic<bool> done{false};  // set (under mutex) after everything else the thread writes
   };
@@ -491,7 +495,16 @@ struct group::impl {
     if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, what_of(e), {}};
   }
 
+  // How messages name job j: the user's collective as numbered in fn, or the API outside fn.
+  static std::string where_of(const job& j) {
+    if (j.position.sequence == 0) return j.what;
+    return "collective #" + std::to_string(j.position.sequence) + " (" +
+           detail::to_string(j.position.kind, j.position.param).text + ") of fn, its cross-worker step";
+  }
+  std::string where;  // where_of(the job being executed), for wait()'s messages
+
   void execute(job& j) {
+    where = where_of(j);
     try {
       {
         std::lock_guard lock(mutex);
@@ -605,7 +618,7 @@ struct group::impl {
     check(MPI_Iallgather(mine, 4, MPI_INT64_T, mine + 4, 4, MPI_INT64_T, data, &request),
           "MPI_Iallgather (agreement check)", j.what);
     wait_keeping(request, j.what, gathered);
-    std::string text = std::string("mirror: ") + j.what + ": the workers disagree on a cross-worker collective:";
+    std::string text = "mirror: " + where + ": the workers disagree on a cross-worker collective:";
     for (int p = 0; p < W; ++p) {
       const std::int64_t* d = &all[4 * static_cast<std::size_t>(p)];
       text += (p == 0 ? " " : "; ") + std::string("worker ") + std::to_string(p) + " (replicas " +
@@ -713,7 +726,7 @@ struct group::impl {
   /// Asks every peer which collective it has entered; names those behind; marks the group
   /// broken and tells the peers (so a late worker fails at its next collective, not after
   /// its own timeout).
-  [[noreturn]] void time_out(clock::time_point start, const char* what) {
+  [[noreturn]] void time_out(clock::time_point start, const char*) {
     const std::int64_t seq = sequence;
     asked = seq;
     replies.assign(static_cast<std::size_t>(W), -1);
@@ -746,8 +759,7 @@ struct group::impl {
     std::string names;
     for (int m : missing) names += (names.empty() ? "" : ", ") + std::to_string(m);
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
-    std::string text = "mirror: worker " + std::to_string(w) + " waited " + std::to_string(waited) +
-                       " ms in cross-worker collective #" + std::to_string(seq) + " (" + what + ")";
+    std::string text = "mirror: worker " + std::to_string(w) + " waited " + std::to_string(waited) + " ms in " + where;
     if (remote && remote->why == broken_state::timeout) text += " until worker " + std::to_string(remote->replica / R) + " gave up";
     text += "; replicas {" + names + "} did not arrive";
     if (!late.empty()) text += " (late workers: " + late + ")";
@@ -984,6 +996,7 @@ void group::check_all_reduce(std::size_t count, detail::element_kind kind, Reduc
   if (!impl_->validate) return;  // Cluster{.validate_shapes = false}: trust the program
   impl::job j{impl::job::check, nullptr, count, kind, op, 0, what, false, nullptr};
   j.in_worker_order = impl_->in_worker_order(kind);
+  j.position = detail::current_position;
   impl_->run(j);
 }
 
@@ -995,6 +1008,7 @@ void group::all_reduce(void* data, std::size_t count, detail::element_kind kind,
   }
   impl::job j{impl::job::reduce, data, count, kind, op, 0, what, checked, nullptr};
   j.in_worker_order = impl_->in_worker_order(kind);
+  j.position = detail::current_position;
   impl_->run(j);
 }
 
@@ -1004,6 +1018,7 @@ void group::broadcast(void* data, std::size_t bytes, int root, const char* what)
                                 " bytes in one cross-worker broadcast exceed MPI's int count; split the leaf");
   }
   impl::job j{impl::job::bcast, data, bytes, {}, ReduceOp::sum, root, what, false, nullptr};
+  j.position = detail::current_position;
   impl_->run(j);
 }
 

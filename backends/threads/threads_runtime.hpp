@@ -22,6 +22,7 @@
 #include <backends/threads/parking_lot.hpp>
 #include <backends/threads/usable_cores.hpp>
 #include <mirror/concepts/device.hpp>
+#include <mirror/detail/collective.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/exchanged.hpp>
 #include <mirror/detail/format.hpp>
@@ -92,7 +93,7 @@ class runtime {
   }
 
   /// Makes every waiting and later exchange/barrier of the current parallel call throw
-  /// detail::collective_cancelled (or the call's timeout_error, when a collective timed out).
+  /// detail::collective_cancelled_rethrow_me (or the call's timeout_error, when a collective timed out).
   void cancel();
 
   /// All-gather of `payload` and a barrier.
@@ -626,14 +627,16 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
   // Thrown and caught here to keep it (std::current_exception) rather than made with
   // std::make_exception_ptr: that template's copy of the error was 0.07 G more compiler
   // instructions in every header-only translation unit.
+  const detail::message where = detail::describe_position("a collective");
   try {
     // (One format call for both messages: GCC checks both strings against the arguments.)
     throw timeout_error(
-        detail::format(woke ? "mirror: replica %d waits in collective call %llu that replicas {%s} returned from fn "
-                              "without reaching; every replica must make the same collective calls"
-                            : "mirror: replica %d waited %llu ms in a collective that replicas {%s} did not reach; "
+        detail::format(woke ? "mirror: replica %d waits in %s%.0llu, which replicas {%s} returned from fn without "
+                              "reaching; every replica must make the same collective calls"
+                            : "mirror: replica %d waited in %s for %llu ms, and replicas {%s} did not reach it; "
                               "raise devices::Threads{.timeout} if they are just slow",
-                       self, static_cast<unsigned long long>(woke ? me.calls : timeout_ns_ / 1'000'000), names.c_str()),
+                       self, where.c_str(), static_cast<unsigned long long>(woke ? 0 : timeout_ns_ / 1'000'000),
+                       names.c_str()),
         std::move(missing));
   } catch (const timeout_error&) {
     // The first replica to claim the failure publishes its error (state 2 before cancelled_, so
@@ -654,7 +657,7 @@ MIRROR_DETAIL_INLINE void runtime::throw_cancelled() const {
   // A cancel() under a claimed timeout (the claimant's, or that of a replica which rethrew the
   // claimant's error out of fn) ends in that error; only a replica's own failure cancels with none.
   if (failure_state_.load(std::memory_order_acquire) != 0) rethrow_failure();
-  throw detail::collective_cancelled{};
+  throw detail::collective_cancelled_rethrow_me{};
 }
 
 MIRROR_DETAIL_INLINE void runtime::rethrow_failure() const {

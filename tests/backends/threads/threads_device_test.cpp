@@ -79,6 +79,27 @@ TEST_CASE("a replica that returns without reaching a collective is named", "[thr
   REQUIRE(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }).primary() == 4);
 }
 
+TEST_CASE("a timeout names the collective as fn wrote it: its number, kind and argument", "[threads][errors][timeout]") {
+  // Numbered like the agreement check's shape_error (collective #1 is fn's first), not by the
+  // runtime's exchanges: the all_reduce of a vector, the broadcast and the merge_call before it
+  // take several exchanges each, but count one collective each.
+  S s{{.replicas = 3}};
+  try {
+    s.run([](auto& ctx) {
+      ctx.all_reduce(ReduceOp::max, std::vector<double>(5000, 1.0));
+      ctx.broadcast(std::vector<int>(100, ctx.replica_id_in_sync_group()), 2);
+      ctx.merge_call([](S&, mirror::PerReplica<int>) {}, 1);
+      if (ctx.replica_id_in_sync_group() == 0) return;
+      ctx.broadcast(1.5f, 1);  // collective #4: replica 0 has returned
+    });
+    FAIL("no exception");
+  } catch (const mirror::timeout_error& e) {
+    REQUIRE(e.missing() == std::vector<int>{0});
+    REQUIRE_THAT(e.what(), Catch::Contains("collective #4 (broadcast(from = 1))") &&
+                               Catch::Contains("{0} returned from fn without reaching"));
+  }
+}
+
 TEST_CASE("a replica that is late beyond the timeout is named, and the others do not hang", "[threads][errors][timeout]") {
   // Replica 1 reaches the all_reduce only after both others have thrown their timeout_error:
   // late by construction, not by a sleep longer than the timeout.
@@ -102,7 +123,8 @@ TEST_CASE("a replica that is late beyond the timeout is named, and the others do
     FAIL("no exception");
   } catch (const mirror::timeout_error& e) {
     REQUIRE(e.missing() == std::vector<int>{1});
-    REQUIRE_THAT(e.what(), Catch::Contains("200 ms") && Catch::Contains("{1} did not reach"));
+    REQUIRE_THAT(e.what(), Catch::Contains("200 ms") && Catch::Contains("{1} did not reach") &&
+                               Catch::Contains("collective #1 (all_reduce(sum))"));
   }
   REQUIRE(gave_up == 2);
   REQUIRE(std::chrono::steady_clock::now() - start >= 200ms);  // not before the timeout
