@@ -185,10 +185,11 @@ class Strategy {
   /// **Errors**: an exception thrown by `fn` on any replica cancels the other replicas'
   /// collectives and is rethrown once every replica has returned: a `mirror::error` as itself,
   /// anything else as `mirror::replica_error` naming the replica, with the original nested. When
-  /// several replicas fail, the lowest replica id's error is reported. The strategy stays usable
-  /// — except on a multi-worker device, where the other workers are told at once (their pending
-  /// cross-worker collectives throw `replica_error`) and the cluster cannot continue (MPI cannot
-  /// cancel a posted collective): restart from a checkpoint (`mirror::restore`).
+  /// several replicas fail, the lowest replica id's error is reported. The strategy stays usable.
+  /// On a multi-worker device the other workers are told at once (their pending and later
+  /// cross-worker collectives of this run throw `replica_error`), and every worker completes this
+  /// run's cross-worker collectives before it posts a later one, so the next `run` works on every
+  /// worker (after a timeout or an MPI error it cannot: docs/multi-worker.md).
   /// Calling `run` from inside `fn` throws `mirror::error`. A `PerReplica` argument whose size is
   /// not `num_replicas_in_sync()` (or a variable made by a strategy with another replica
   /// count) throws `mirror::shape_error` before any replica starts.
@@ -199,6 +200,7 @@ class Strategy {
     std::size_t index = 0;
     (check_components(args, index++), ...);
     std::lock_guard lock(run_mutex_);
+    const detail::run_phases phases(workers_or_null());  // multi-worker: a failure belongs to this run
     const int n = num_local_replicas();
     detail::replica_errors& errors = errors_;  // reused: runs are serialised
     if constexpr (std::is_void_v<Result>) {
@@ -565,6 +567,15 @@ class Strategy {
       rt_.cancel();
       // Other workers may wait for this one in a cross-worker collective: tell them now.
       if constexpr (multi_worker) rt_.workers()->report_failure(first_local_replica() + r, errors[static_cast<std::size_t>(r)]);
+    }
+  }
+
+  /// The worker group of a multi-worker device, else null.
+  detail::worker_group* workers_or_null() noexcept {
+    if constexpr (multi_worker) {
+      return rt_.workers();
+    } else {
+      return nullptr;
     }
   }
 
