@@ -178,7 +178,9 @@ std::size_t batch_rows(const B& batch) {
 /// Replica r's share of a global batch of G rows (views into it: no copy).
 template <class B>
 batch_view_t<B> split_batch(const B& batch, std::size_t global, int replicas, int r) {
-  const auto [first, count] = replica_rows(global, replicas, r);
+  // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
+  const auto rows = replica_rows(global, replicas, r);
+  const std::size_t first = rows.first, count = rows.second;
   batch_view_t<B> view{};
   for_each_batch_leaf(
       [&](const auto& leaf, auto& out) {

@@ -104,7 +104,9 @@ MIRROR_DETAIL_INLINE void reduce_leaf(ReduceOp op, void* dst, std::size_t size, 
       [](void* p, int part, int parts) {
         const job& w = *static_cast<const job*>(p);
         const std::size_t bytes = w.e->size;
-        const auto [a, b] = chunk_of(0, w.size, part, parts, bytes);
+        // (Not a structured binding: clang before 16 cannot capture one in the lambda below.)
+        const auto range = chunk_of(0, w.size, part, parts, bytes);
+        const std::size_t a = range.first, b = range.second;
         if (a >= b) return;
         const auto component = [&](std::size_t r) { return static_cast<const unsigned char*>(w.in[r]) + a * bytes; };
         unsigned char* const out = w.dst + a * bytes;
