@@ -188,7 +188,7 @@ void deserialise(std::string_view& in, T& value, std::size_t var, const std::str
           fail("the checkpoint holds " + std::to_string(head[1]) + " elements, the variable " + std::to_string(e.size()));
         }
         if (in.size() < e.size_bytes()) fail("the checkpoint ends early");
-        std::memcpy(e.data(), in.data(), e.size_bytes());
+        if (!e.empty()) std::memcpy(e.data(), in.data(), e.size_bytes());  // an empty leaf may have no address
         in.remove_prefix(e.size_bytes());
         ++k;
       },
@@ -269,6 +269,34 @@ worker_group* group_of(S& strategy) {
   }
 }
 
+/// restore's reading of a checkpoint's bytes (`file`; `path` names it in errors): checks them
+/// and, when they match `vars` exactly, assigns the variables (nothing changes otherwise).
+/// Separate from the file's reading and broadcast so that tests/fuzz/restore_fuzz.cpp can feed
+/// it arbitrary bytes.
+template <class... Vars>
+void restore_from(std::string_view file, const std::string& path, Vars&... vars) {
+  const checkpoint_contents contents = open_checkpoint(file, path);
+  std::string_view in = contents.payload;
+  if (contents.variables != sizeof...(Vars)) {
+    throw shape_error("mirror::restore(" + path + "): the checkpoint holds " + std::to_string(contents.variables) +
+                      " variables but " + std::to_string(sizeof...(Vars)) + " were passed");
+  }
+  // Every value is read (and checked) before any variable changes.
+  std::tuple<typename Vars::value_type...> values{vars[0]...};  // the variables' shapes
+  std::apply(
+      [&](auto&... value) {
+        std::size_t index = 0;
+        (deserialise(in, value, index++, path), ...);
+      },
+      values);
+  if (!in.empty()) {
+    throw shape_error("mirror::restore(" + path + "): the checkpoint holds " + std::to_string(in.size()) +
+                      " more bytes after the last variable's leaves (its variables have more or larger leaves); "
+                      "restore into variables made like the saved ones, in the same order");
+  }
+  std::apply([&](const auto&... value) { (vars.assign(value), ...); }, values);
+}
+
 }  // namespace detail
 
 /// Saves `vars` (`MirroredVariable` / `SyncOnReadVariable`s, in this order) to `path` (a
@@ -324,26 +352,7 @@ void restore(S& strategy, const std::string& path, Vars&... vars) {
     bytes.resize(n);
     g->broadcast(bytes.data(), n, 0, "mirror::restore");
   }
-  const detail::checkpoint_contents contents = detail::open_checkpoint(std::string_view(bytes.data(), bytes.size()), path);
-  std::string_view in = contents.payload;
-  if (contents.variables != sizeof...(Vars)) {
-    throw shape_error("mirror::restore(" + path + "): the checkpoint holds " + std::to_string(contents.variables) +
-                      " variables but " + std::to_string(sizeof...(Vars)) + " were passed");
-  }
-  // Every value is read (and checked) before any variable changes.
-  std::tuple<typename Vars::value_type...> values{vars[0]...};  // the variables' shapes
-  std::apply(
-      [&](auto&... value) {
-        std::size_t index = 0;
-        (detail::deserialise(in, value, index++, path), ...);
-      },
-      values);
-  if (!in.empty()) {
-    throw shape_error("mirror::restore(" + path + "): the checkpoint holds " + std::to_string(in.size()) +
-                      " more bytes after the last variable's leaves (its variables have more or larger leaves); "
-                      "restore into variables made like the saved ones, in the same order");
-  }
-  std::apply([&](const auto&... value) { (vars.assign(value), ...); }, values);
+  detail::restore_from(std::string_view(bytes.data(), bytes.size()), path, vars...);
 }
 
 }  // namespace mirror

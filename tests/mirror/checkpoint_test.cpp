@@ -295,3 +295,19 @@ TEST_CASE("a sync-on-read variable stores its aggregated read; with none, replic
   REQUIRE(f.value() == 7.0);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("a variable with an empty leaf saves and restores", "[checkpoint]") {
+  // Found by tests/fuzz/restore_fuzz.cpp: restore copied an empty leaf with memcpy to its data()
+  // (null for an empty std::vector), undefined behaviour that UBSan reports.
+  S s{{.replicas = 2}};
+  const auto dir = temp_dir();
+  const auto path = dir / "ckpt";
+  using Nest = std::tuple<std::vector<std::uint64_t>, float, std::vector<double>>;
+  const Nest saved{std::vector<std::uint64_t>{}, 2.5f, std::vector<double>{}};
+  auto v = s.make_variable(saved, VariableAggregation::sum);
+  mirror::save(s, path, v);
+  auto back = s.make_variable(Nest{std::vector<std::uint64_t>{}, 0.0f, std::vector<double>{}}, VariableAggregation::sum);
+  mirror::restore(s, path, back);
+  REQUIRE(back.value() == saved);
+  std::filesystem::remove_all(dir);
+}
