@@ -28,7 +28,9 @@ PACKAGES=(meson ninja-build g++ pkg-config python3 libboost-dev catch2 libbenchm
           libeigen3-dev zlib1g-dev libblas-dev libopenblas0-pthread dataset-fashion-mnist
           # the multi-worker backend (devices::Cluster) and its mpirun suite (tests/mpi);
           # iproute2 for the two-namespace test, which skips where it lacks CAP_NET_ADMIN
-          libopenmpi-dev openmpi-bin iproute2)
+          libopenmpi-dev openmpi-bin iproute2
+          # the fuzz targets (tests/fuzz: clang's libFuzzer, ASan and UBSan runtimes)
+          clang-14 libclang-rt-14-dev)
 # ./dev.sh bench only: the plots (OpenMPI, for the MPI_Allreduce baseline, is in PACKAGES).
 BENCH_PACKAGES=(gnuplot-nox)
 
