@@ -534,6 +534,7 @@ struct group::impl {
         wake_caller.notify_all();
       }
       if (stopping) {
+        leave();
         flush_sends();
         return;
       }
@@ -914,6 +915,10 @@ struct group::impl {
     if (bytes.size() < sizeof head) return;
     std::memcpy(head, bytes.data(), sizeof head);
     const std::int64_t failed = head[0], n = head[3];
+    if (failed == leaving) {
+      left[static_cast<std::size_t>(from)] = 1;
+      return;
+    }
     if (n < 0 || bytes.size() < sizeof head + static_cast<std::size_t>(n) * posted_words * sizeof(std::int64_t)) return;
     status st;
     st.count = head[2];
@@ -1100,6 +1105,38 @@ struct group::impl {
     }
     drained = failed;
     statuses.erase(statuses.begin(), statuses.upper_bound(failed));
+  }
+
+  // ---------------- leaving: the strategy's destruction ----------------
+  // Every worker destroys its strategy at the same point of the program, but not at the same
+  // instant: one whose last run failed may still be recovering, and the others must still answer
+  // it (its status, its dummies). So a worker that leaves first finishes its own recovery, then
+  // tells the others it leaves (on tag_failure, after any status it sent, so a receiver has
+  // every status of that worker once it sees it leave), and serves the control communicator,
+  // recovering where asked, until every other worker has said so too; bounded by the timeout.
+  // After a timeout or an MPI error (broken) nobody waits.
+  static constexpr std::int64_t leaving = -2;  // tag_failure's phase field of a leave message
+  std::vector<char> left;                      // per worker: it said it leaves
+
+  void leave() {
+    if (W == 1 || is_broken()) return;
+    const auto deadline = clock::now() + timeout;
+    try {
+      note_local_failure();
+      if (pending > drained) recover(pending, nullptr);
+      const std::int64_t head[4] = {leaving, 0, 0, 0};
+      for (int p = 0; p < W; ++p) {
+        if (p != w) send(p, tag_failure, head, sizeof head, nullptr);
+      }
+      while (std::count(left.begin(), left.end(), 1) < W - 1 && clock::now() < deadline) {
+        serve_control();
+        progress_sends();
+        if (pending > drained) recover(pending, nullptr);
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    } catch (...) {
+      // A recovery that timed out, or an MPI error: leave anyway.
+    }
   }
 
   [[noreturn]] void fail_recovery(const std::string& why) {
@@ -1296,6 +1333,7 @@ group::group(const group_options& o) : impl_(new impl()) {
   MPI_Comm_size(m.data, &m.W);
   MPI_Comm_rank(m.data, &m.w);
   m.known.assign(static_cast<std::size_t>(m.W), -1);
+  m.left.assign(static_cast<std::size_t>(m.W), 0);
 
   // Equal R everywhere (TF leaves it undefined): {R, -R} under MAX, then the names.
   // Non-blocking with the timeout: a worker that never builds its strategy must not hang the

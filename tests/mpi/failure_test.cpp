@@ -139,6 +139,27 @@ TEST_CASE("failure: the recovery also completes worker-order reductions and runs
   alternate(s, 30);
 }
 
+TEST_CASE("failure: a strategy destroyed right after a failed run lets every worker go", "[mpi][recovery]") {
+  // The failing worker may still be recovering when the program destroys its strategy (and a
+  // worker whose run went well may be destroying its own already): destruction finishes the
+  // recovery and waits for every worker to leave, so nobody waits for a worker that is gone. A
+  // timeout far beyond the launch's limit: a wait for it would fail the launch.
+  const int W = world_size(), R = 2;
+  for (int round = 0; round < 10; ++round) {
+    CAPTURE(round);
+    Strategy s(Cluster{.local = {.replicas = R}, .timeout = std::chrono::hours(1)});
+    const int thrower = (round * 3 + 1) % (W * R);
+    try {
+      s.run([&](auto& ctx) {
+        if (ctx.replica_id_in_sync_group() == thrower) throw std::runtime_error("last run");
+        if (round % 2 == 0) ctx.all_reduce(ReduceOp::sum, std::vector<float>(1000, 1.0f));  // odd: none to fail
+      });
+    } catch (const mirror::replica_error& e) {
+      CHECK(e.replica() == thrower);
+    }
+  }
+}
+
 TEST_CASE("failure: a late worker is named by every waiting worker after the timeout", "[mpi]") {
   // The late worker reaches the collective only once every other worker has thrown its
   // timeout_error and said so (a message on MPI_COMM_WORLD): late by construction, not by a
