@@ -54,7 +54,7 @@ echo "==> $exe -max_total_time=$seconds (seed corpus: $(ls "$work/corpus" | wc -
 status=0
 (cd "$work" && ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} "$exe" -max_total_time="$seconds" -print_final_stats=1 \
    -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$findings/" "$work/corpus" >"$work/log" 2>&1) || status=$?
-grep -E '^#[0-9]+ +(INITED|DONE)|^stat::' "$work/log" || true
+grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)|^stat::' "$work/log" || true
 if [[ $status -ne 0 ]]; then
   tail -60 "$work/log"
   echo "FINDING: $target (input saved in $findings)"
