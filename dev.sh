@@ -41,7 +41,9 @@ PACKAGES=(meson ninja-build g++ pkg-config python3 libboost-dev catch2 libbenchm
           # package (cmake/: Meson writes its version file from CMake's templates)
           cmake
           # the API reference (docs/Doxyfile.in), built and checked in the plain build
-          doxygen)
+          doxygen
+          # the fuzz targets (tests/fuzz: clang's libFuzzer, ASan and UBSan runtimes)
+          clang-14 libclang-rt-14-dev)
 # ./dev.sh bench only: the plots (OpenMPI, for the MPI_Allreduce baseline, is in PACKAGES).
 BENCH_PACKAGES=(gnuplot-nox)
 
@@ -114,7 +116,9 @@ elif [[ $# -gt 0 ]]; then
   die "unexpected argument '$1' (see ./dev.sh help)"
 fi
 
-options=(-Dtests=enabled -Dexamples=true)
+# Everything PACKAGES installs is required, so a dependency that goes missing fails the configure
+# instead of dropping its suite (the MPI tests, the Fashion-MNIST example and its data) quietly.
+options=(-Dtests=enabled -Dexamples=true -Dmpi=enabled -Dfashion_mnist=enabled)
 run_prefix=()
 timeout_multiplier=()
 case $variant in

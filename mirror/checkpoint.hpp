@@ -4,6 +4,7 @@
 /// `mirror::save` and `mirror::restore`: variables to and from one file, written by the chief
 /// alone, atomically; collective on multi-worker strategies.
 
+#include <bit>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <mirror/detail/checksum.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/worker_group.hpp>
@@ -31,7 +33,99 @@
 namespace mirror {
 namespace detail {
 
-inline constexpr char checkpoint_magic[8] = {'M', 'I', 'R', 'R', 'O', 'R', 'C', '1'};
+// The file, version 2 (mirror::save writes it; restore also reads version 1):
+//   header   32 bytes: "MIRRORC2", u32 version (2), u32 flags (0), u64 payload bytes, u64 variables
+//   payload  per variable, per leaf: u64 element kind, u64 element count, the elements' bytes
+//   trailer  u32 CRC-32 (zlib's) of every byte before it
+// Integers in the machine's byte order (little-endian on every platform mirror builds for).
+// Version 1 was "MIRRORC1", u64 variables, the payload, and nothing after it.
+inline constexpr char checkpoint_magic_v1[8] = {'M', 'I', 'R', 'R', 'O', 'R', 'C', '1'};
+inline constexpr char checkpoint_magic[8] = {'M', 'I', 'R', 'R', 'O', 'R', 'C', '2'};
+inline constexpr std::uint32_t checkpoint_version = 2;
+
+struct checkpoint_header {
+  char magic[8];
+  std::uint32_t version;
+  std::uint32_t flags;
+  std::uint64_t payload_bytes;
+  std::uint64_t variables;
+};
+static_assert(sizeof(checkpoint_header) == 32);
+inline constexpr std::size_t checkpoint_trailer_bytes = sizeof(std::uint32_t);
+
+/// What a checkpoint holds once its header (and, from version 2, its checksum) checked out.
+struct checkpoint_contents {
+  std::string_view payload;  // the variables' leaves
+  std::uint64_t variables;
+};
+
+/// Writes the header into the 32 bytes reserved at the front of `bytes` and appends the checksum.
+/// (Templates, these and open_checkpoint, only so that a program that never checkpoints never
+/// instantiates them, nor detail::crc32.)
+template <class Bytes>
+void seal_checkpoint(Bytes& bytes, std::uint64_t variables) {
+  checkpoint_header h{};
+  std::memcpy(h.magic, checkpoint_magic, sizeof h.magic);
+  h.version = checkpoint_version;
+  h.payload_bytes = bytes.size() - sizeof h;
+  h.variables = variables;
+  std::memcpy(bytes.data(), &h, sizeof h);
+  const std::uint32_t crc = crc32(0, bytes.data(), bytes.size());
+  bytes.insert(bytes.end(), reinterpret_cast<const char*>(&crc), reinterpret_cast<const char*>(&crc) + sizeof crc);
+}
+
+/// Whether the first 8 bytes are version 2's magic, or so close to it (the prefix with another
+/// version byte, or one flipped bit) that the file is a damaged checkpoint, not another file.
+inline bool looks_like_checkpoint_v2(const char* first8) noexcept {
+  if (std::memcmp(first8, checkpoint_magic, 7) == 0) return true;
+  int differing_bits = 0;
+  for (int i = 0; i < 8; ++i) {
+    differing_bits += std::popcount(static_cast<unsigned char>(first8[i] ^ checkpoint_magic[i]));
+  }
+  return differing_bits <= 1;
+}
+
+/// Checks a checkpoint's header and checksum; returns its payload and variable count.
+/// **Errors**: shape_error naming `path`: "checksum mismatch" for a damaged or truncated
+/// version-2 file, otherwise not a checkpoint, or one of a format this build does not read.
+template <class Path>
+checkpoint_contents open_checkpoint(std::string_view file, const Path& path) {
+  auto fail = [&](const std::string& why) { throw shape_error("mirror::restore(" + path + "): " + why); };
+  if (file.size() >= 16 && std::memcmp(file.data(), checkpoint_magic_v1, 8) == 0) {
+    // Version 1 (before checksums): read as it always was, unverified.
+    std::uint64_t variables = 0;
+    std::memcpy(&variables, file.data() + 8, sizeof variables);
+    return {file.substr(16), variables};
+  }
+  if (file.size() < 8 || !looks_like_checkpoint_v2(file.data())) {
+    fail("not a mirror checkpoint (written by mirror::save)");
+  }
+  checkpoint_header h{};
+  const std::size_t body = file.size() >= sizeof h + checkpoint_trailer_bytes ? file.size() - checkpoint_trailer_bytes : 0;
+  std::uint32_t recorded = 0, computed = 0;
+  if (body > 0) {
+    std::memcpy(&recorded, file.data() + body, sizeof recorded);
+    computed = crc32(0, file.data(), body);
+  }
+  if (body == 0 || computed != recorded) {
+    char crcs[64];
+    std::snprintf(crcs, sizeof crcs, "CRC-32 0x%08x, the file records 0x%08x", static_cast<unsigned>(computed),
+                  static_cast<unsigned>(recorded));
+    fail("checksum mismatch: the file is damaged or truncated (" + std::to_string(file.size()) + " bytes" +
+         (body == 0 ? std::string(", shorter than a checkpoint's header") : ", " + std::string(crcs)) +
+         "); restore an intact copy");
+  }
+  std::memcpy(&h, file.data(), sizeof h);
+  if (std::memcmp(h.magic, checkpoint_magic, 7) != 0 || h.version < 2 || h.magic[7] - '0' != static_cast<int>(h.version)) {
+    fail("the header is malformed (magic and version disagree)");
+  }
+  if (h.version > checkpoint_version || h.flags != 0) {
+    fail("written in checkpoint format version " + std::to_string(h.version) + " (flags " + std::to_string(h.flags) +
+         "); this build of mirror reads versions 1 and 2: restore it with the mirror that wrote it");
+  }
+  if (h.payload_bytes != body - sizeof h) fail("the header's payload size disagrees with the file's size");
+  return {file.substr(sizeof h, body - sizeof h), h.variables};
+}
 
 /// The value a checkpoint stores for a variable: the mirrored value, or the aggregated read of a
 /// sync-on-read variable (collective on multi-worker strategies; `none` stores replica 0's copy).
@@ -94,7 +188,7 @@ void deserialise(std::string_view& in, T& value, std::size_t var, const std::str
           fail("the checkpoint holds " + std::to_string(head[1]) + " elements, the variable " + std::to_string(e.size()));
         }
         if (in.size() < e.size_bytes()) fail("the checkpoint ends early");
-        std::memcpy(e.data(), in.data(), e.size_bytes());
+        if (!e.empty()) std::memcpy(e.data(), in.data(), e.size_bytes());  // an empty leaf may have no address
         in.remove_prefix(e.size_bytes());
         ++k;
       },
@@ -175,10 +269,41 @@ worker_group* group_of(S& strategy) {
   }
 }
 
+/// restore's reading of a checkpoint's bytes (`file`; `path` names it in errors): checks them
+/// and, when they match `vars` exactly, assigns the variables (nothing changes otherwise).
+/// Separate from the file's reading and broadcast so that tests/fuzz/restore_fuzz.cpp can feed
+/// it arbitrary bytes.
+template <class... Vars>
+void restore_from(std::string_view file, const std::string& path, Vars&... vars) {
+  const checkpoint_contents contents = open_checkpoint(file, path);
+  std::string_view in = contents.payload;
+  if (contents.variables != sizeof...(Vars)) {
+    throw shape_error("mirror::restore(" + path + "): the checkpoint holds " + std::to_string(contents.variables) +
+                      " variables but " + std::to_string(sizeof...(Vars)) + " were passed");
+  }
+  // Every value is read (and checked) before any variable changes.
+  std::tuple<typename Vars::value_type...> values{vars[0]...};  // the variables' shapes
+  std::apply(
+      [&](auto&... value) {
+        std::size_t index = 0;
+        (deserialise(in, value, index++, path), ...);
+      },
+      values);
+  if (!in.empty()) {
+    throw shape_error("mirror::restore(" + path + "): the checkpoint holds " + std::to_string(in.size()) +
+                      " more bytes after the last variable's leaves (its variables have more or larger leaves); "
+                      "restore into variables made like the saved ones, in the same order");
+  }
+  std::apply([&](const auto&... value) { (vars.assign(value), ...); }, values);
+}
+
 }  // namespace detail
 
 /// Saves `vars` (`MirroredVariable` / `SyncOnReadVariable`s, in this order) to `path` (a
 /// `std::string`; a `std::filesystem::path` converts to it).
+///
+/// The file (format version 2) is a versioned header, every leaf's element type, count and
+/// bytes, and a CRC-32 of all of it (zlib's; a program that saves or restores links zlib).
 ///
 /// Collective on a multi-worker strategy: every worker calls it with the same variables.
 /// Sync-on-read variables are read aggregated (on every worker); then the chief (worker 0)
@@ -191,12 +316,13 @@ worker_group* group_of(S& strategy) {
 template <class S, class... Vars>
 void save(S& strategy, const std::string& path, const Vars&... vars) {
   detail::worker_group* g = detail::group_of(strategy);
-  std::vector<char> bytes(std::begin(detail::checkpoint_magic), std::end(detail::checkpoint_magic));
-  const std::uint64_t count = sizeof...(Vars);
-  bytes.insert(bytes.end(), reinterpret_cast<const char*>(&count), reinterpret_cast<const char*>(&count) + sizeof count);
+  std::vector<char> bytes(sizeof(detail::checkpoint_header));  // written by seal_checkpoint
   (detail::serialise_variable(bytes, vars), ...);  // collective for sync-on-read variables
   std::string status;
-  if (strategy.is_chief()) status = detail::write_atomically(path, bytes);
+  if (strategy.is_chief()) {
+    detail::seal_checkpoint(bytes, sizeof...(Vars));
+    status = detail::write_atomically(path, bytes);
+  }
   detail::agree_on_status(g, std::move(status), "mirror::save");
 }
 
@@ -206,8 +332,13 @@ void save(S& strategy, const std::string& path, const Vars&... vars) {
 /// Mirrored variables take the saved value on every copy; sync-on-read variables are assigned
 /// it (a `sum` variable stores value / N in each copy, so its read gives the saved value).
 ///
+/// Version-1 files (written before checkpoints had a checksum) restore too, unverified; saving
+/// again writes version 2.
+///
 /// **Errors**: `backend_error` (on every worker) when the chief cannot read the file;
-/// `shape_error` when the checkpoint does not match the variables.
+/// `shape_error` (nothing changes) when the file is damaged or truncated (its message says
+/// "checksum mismatch" and names the file), is not a checkpoint, or does not match the
+/// variables exactly: their number, order, element types and sizes.
 template <class S, class... Vars>
 void restore(S& strategy, const std::string& path, Vars&... vars) {
   detail::worker_group* g = detail::group_of(strategy);
@@ -221,28 +352,7 @@ void restore(S& strategy, const std::string& path, Vars&... vars) {
     bytes.resize(n);
     g->broadcast(bytes.data(), n, 0, "mirror::restore");
   }
-  std::string_view in(bytes.data(), bytes.size());
-  std::uint64_t count = 0;
-  if (in.size() < sizeof detail::checkpoint_magic + sizeof count ||
-      std::memcmp(in.data(), detail::checkpoint_magic, sizeof detail::checkpoint_magic) != 0) {
-    throw shape_error("mirror::restore(" + path + "): not a mirror checkpoint (written by mirror::save)");
-  }
-  in.remove_prefix(sizeof detail::checkpoint_magic);
-  std::memcpy(&count, in.data(), sizeof count);
-  in.remove_prefix(sizeof count);
-  if (count != sizeof...(Vars)) {
-    throw shape_error("mirror::restore(" + path + "): the checkpoint holds " + std::to_string(count) +
-                      " variables but " + std::to_string(sizeof...(Vars)) + " were passed");
-  }
-  // Every value is read (and checked) before any variable changes.
-  std::tuple<typename Vars::value_type...> values{vars[0]...};  // the variables' shapes
-  std::apply(
-      [&](auto&... value) {
-        std::size_t index = 0;
-        (detail::deserialise(in, value, index++, path), ...);
-      },
-      values);
-  std::apply([&](const auto&... value) { (vars.assign(value), ...); }, values);
+  detail::restore_from(std::string_view(bytes.data(), bytes.size()), path, vars...);
 }
 
 }  // namespace mirror

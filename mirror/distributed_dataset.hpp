@@ -152,6 +152,16 @@ std::size_t batch_rows(const B& batch) {
   for_each_batch_leaf(
       [&](const auto& leaf, auto&) {
         using L = std::remove_cvref_t<decltype(leaf)>;
+        if constexpr (requires { leaf.cols; }) {
+          // A matrix's rows() drops a partial last row: refuse it rather than lose elements.
+          const std::size_t elements = leaf.data.size();
+          if (leaf.cols == 0 ? elements != 0 : elements % leaf.cols != 0) {
+            throw shape_error("mirror::Strategy::distribute_dataset: leaf " + std::to_string(k) + " (" + type_name<L>() +
+                              ") of a global batch holds " + std::to_string(elements) + " elements in " +
+                              std::to_string(leaf.cols) + " columns, which is not a whole number of rows; make "
+                              "its element count a multiple of cols");
+          }
+        }
         const std::size_t n = batch_leaf<L>::rows(leaf);
         if (rows && *rows != n) {
           throw shape_error("mirror::Strategy::distribute_dataset: leaf " + std::to_string(k) + " (" + type_name<L>() +
@@ -168,7 +178,9 @@ std::size_t batch_rows(const B& batch) {
 /// Replica r's share of a global batch of G rows (views into it: no copy).
 template <class B>
 batch_view_t<B> split_batch(const B& batch, std::size_t global, int replicas, int r) {
-  const auto [first, count] = replica_rows(global, replicas, r);
+  // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
+  const auto rows = replica_rows(global, replicas, r);
+  const std::size_t first = rows.first, count = rows.second;
   batch_view_t<B> view{};
   for_each_batch_leaf(
       [&](const auto& leaf, auto& out) {

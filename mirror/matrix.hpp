@@ -14,6 +14,8 @@
 namespace mirror {
 
 /// A view of `rows() x cols` elements, row-major: row i is `data[i * cols, (i + 1) * cols)`.
+/// `data.size()` must be a multiple of `cols`: `distribute_dataset` throws `mirror::shape_error`
+/// for a batch leaf that is not a whole number of rows.
 /// As a nest leaf it is reduced element-wise, in place (like `std::span<E>`); as a batch leaf
 /// its leading dimension is the row.
 template <class E>
@@ -34,7 +36,8 @@ struct matrix_view {
 };
 
 /// An owning `rows() x cols` row-major matrix. `distribute_dataset` hands replicas
-/// `matrix_view<const E>` slices of it (no copy).
+/// `matrix_view<const E>` slices of it (no copy), and throws `mirror::shape_error` when
+/// `data.size()` is not a multiple of `cols`.
 template <class E>
 struct matrix {
   std::vector<E> data;   ///< the elements, row after row

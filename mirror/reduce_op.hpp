@@ -13,6 +13,11 @@ namespace mirror {
 /// number of replicas (or, with `axis0`, by the total element count). It keeps the element type:
 /// integer leaves divide as integers, truncating toward zero, as C++ `/` does.
 ///
+/// For floating-point elements `min` and `max` are IEEE 754-2019's minimum and maximum
+/// (TensorFlow's reduce_min, reduce_max): a NaN on any replica gives NaN, and -0 is less than +0,
+/// so the result does not depend on the order the replicas are combined in (except under
+/// `ops::NcclAllReduce`, which uses NCCL's own ncclMin and ncclMax).
+///
 /// **Example**: `ctx.all_reduce(mirror::ReduceOp::mean, grads)`.
 enum class ReduceOp { sum, mean, min, max, prod };
 

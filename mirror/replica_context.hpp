@@ -106,20 +106,26 @@ class ReplicaContext {
     if constexpr (Strategy::multi_worker) {
       // Within the source's worker, from its replica; then that worker's replica 0 sends it to
       // every other worker's replica 0; then each worker shares it locally.
+      // One collective of fn, whatever the steps: they share its number.
       const int local = strategy_->num_local_replicas();
       const int root = from / local;
-      if (strategy_->worker_index() == root) result = local_broadcast(std::move(result), from % local);
+      const std::uint64_t sequence = ++sequence_;
+      detail::current_position = {sequence, detail::collective_kind::broadcast, from};
+      if (strategy_->worker_index() == root) result = local_broadcast(std::move(result), from % local, sequence);
       strategy_->cross_broadcast(self_, result, root);
-      return detail::access::synced(local_broadcast(std::move(result), 0));
+      return detail::access::synced(local_broadcast(std::move(result), 0, sequence));
     } else {
-      return detail::access::synced(local_broadcast(std::move(result), from));
+      const std::uint64_t sequence = ++sequence_;
+      detail::current_position = {sequence, detail::collective_kind::broadcast, from};
+      return detail::access::synced(local_broadcast(std::move(result), from, sequence));
     }
   }
 
  private:
-  /// broadcast among this process's replicas, `from` a local replica index.
+  /// broadcast among this process's replicas, `from` a local replica index; `sequence` is the
+  /// user's broadcast's number in fn.
   template <class N>
-  N local_broadcast(N result, int from) {
+  N local_broadcast(N result, int from, std::uint64_t sequence) {
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> sizes{}, shape{};  // shape: what must agree (resizable leaves need not)
     std::size_t k = 0, bytes = 0;
@@ -133,7 +139,7 @@ class ReplicaContext {
           ++k;
         },
         result);
-    const detail::collective_header header = make_header<N>(detail::collective_kind::broadcast, from, shape);
+    const detail::collective_header header = make_header<N>(detail::collective_kind::broadcast, from, shape, sequence);
     if constexpr (!detail::has_device_leaf<N>() && !detail::has_resizable_leaf<N>()) {
       // A few bytes ride in the exchange itself (Strategy::broadcast_bytes). No leaf is
       // resizable, so the call's check covers every size the choice depends on: replicas whose
@@ -238,10 +244,17 @@ class ReplicaContext {
     return v;
   }
 
+  /// The header of one step of this replica's collective number `sequence` in fn (0: the next
+  /// collective, which then also becomes the thread's detail::current_position, for error
+  /// messages; a broadcast numbers and places itself).
   template <class N, std::size_t K>
   detail::collective_header make_header(detail::collective_kind kind, int param,
-                                        const std::array<std::size_t, K>& sizes) {
-    return {kind,       param, ++sequence_, &typeid(N), K, detail::shape_hash(sizes.data(), K), sizes.data(),
+                                        const std::array<std::size_t, K>& sizes, std::uint64_t sequence = 0) {
+    if (sequence == 0) {
+      sequence = ++sequence_;
+      detail::current_position = {sequence, kind, param};
+    }
+    return {kind,       param, sequence, &typeid(N), K, detail::shape_hash(sizes.data(), K), sizes.data(),
             detail::leaf_type_infos<N>};
   }
 

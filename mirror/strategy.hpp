@@ -185,10 +185,11 @@ class Strategy {
   /// **Errors**: an exception thrown by `fn` on any replica cancels the other replicas'
   /// collectives and is rethrown once every replica has returned: a `mirror::error` as itself,
   /// anything else as `mirror::replica_error` naming the replica, with the original nested. When
-  /// several replicas fail, the lowest replica id's error is reported. The strategy stays usable
-  /// — except on a multi-worker device, where the other workers are told at once (their pending
-  /// cross-worker collectives throw `replica_error`) and the cluster cannot continue (MPI cannot
-  /// cancel a posted collective): restart from a checkpoint (`mirror::restore`).
+  /// several replicas fail, the lowest replica id's error is reported. The strategy stays usable.
+  /// On a multi-worker device the other workers are told at once (their pending and later
+  /// cross-worker collectives of this run throw `replica_error`), and every worker completes this
+  /// run's cross-worker collectives before it posts a later one, so the next `run` works on every
+  /// worker (after a timeout or an MPI error it cannot: docs/multi-worker.md).
   /// Calling `run` from inside `fn` throws `mirror::error`. A `PerReplica` argument whose size is
   /// not `num_replicas_in_sync()` (or a variable made by a strategy with another replica
   /// count) throws `mirror::shape_error` before any replica starts.
@@ -199,6 +200,7 @@ class Strategy {
     std::size_t index = 0;
     (check_components(args, index++), ...);
     std::lock_guard lock(run_mutex_);
+    const detail::run_phases phases(workers_or_null());  // multi-worker: a failure belongs to this run
     const int n = num_local_replicas();
     detail::replica_errors& errors = errors_;  // reused: runs are serialised
     if constexpr (std::is_void_v<Result>) {
@@ -249,7 +251,8 @@ class Strategy {
   ///
   /// **Returns**: a `T`. Combines replicas in the order 0, 1, ..., N-1, so the bits equal a serial
   /// loop's and are the same run after run.
-  /// **Errors**: `mirror::shape_error` when components' leaves differ in size.
+  /// **Errors**: `mirror::shape_error` when components' leaves differ in size, or when `value`
+  /// does not have one component per (local) replica.
   /// Works in cross-replica context: outside `run` (parallel over the device's threads) and inside
   /// a `merge_call` function (on the calling thread).
   ///
@@ -269,6 +272,9 @@ class Strategy {
                   "mirror::Strategy::reduce(op, value): value holds std::span (view) leaves, so the "
                   "result would alias replica 0's buffer; all_reduce the spans inside fn, or reduce "
                   "owning leaves such as std::vector");
+    if (value.size() != static_cast<std::size_t>(num_local_replicas())) {
+      detail::throw_component_count_error("reduce(op, value)", value.size(), num_local_replicas(), multi_worker);
+    }
     if constexpr (detail::has_device_leaf<T>()) {
       return reduce_on_devices(op, value);
     } else {
@@ -319,7 +325,8 @@ class Strategy {
   ///
   /// **Requires**: leaves of rank >= 1 (a scalar is a compile error); nests of std::tuple,
   /// std::pair or std::array. Replicas may hold different batch sizes.
-  /// **Errors**: `mirror::shape_error` for the integer `mean` of zero elements (floats give NaN).
+  /// **Errors**: `mirror::shape_error` for the integer `mean` of zero elements (floats give NaN),
+  /// or when `value` does not have one component per (local) replica.
   template <class V>
   auto reduce(ReduceOp op, const V& value, axis_t<0>) {
     static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
@@ -332,6 +339,9 @@ class Strategy {
                   "which the host cannot read; reduce(op, value) without axis0 (it runs on the devices), then "
                   "reduce the leading dimension on the device, or return host leaves (std::vector) from fn");
     using R = detail::axis0_result_t<T>;
+    if (value.size() != static_cast<std::size_t>(num_local_replicas())) {
+      detail::throw_component_count_error("reduce(op, value, axis0)", value.size(), num_local_replicas(), multi_worker);
+    }
     const std::span<const T> components = local_results(value);
     std::vector<const T*> ptrs;
     ptrs.reserve(components.size());
@@ -544,15 +554,28 @@ class Strategy {
 
   template <class Body>
   void guarded(detail::replica_errors& errors, int r, Body&& body) noexcept {
+    // Errors built outside fn's collectives (on replica 0's thread: the caller's) name no collective.
+    struct leave_fn {
+      ~leave_fn() { detail::current_position = {}; }
+    } leave;
     try {
       body();
-    } catch (const detail::collective_cancelled&) {
+    } catch (const detail::collective_cancelled_rethrow_me&) {
       // another replica failed first; its error is the one reported
     } catch (...) {
       detail::keep_current_exception(errors, static_cast<std::size_t>(r));
       rt_.cancel();
       // Other workers may wait for this one in a cross-worker collective: tell them now.
       if constexpr (multi_worker) rt_.workers()->report_failure(first_local_replica() + r, errors[static_cast<std::size_t>(r)]);
+    }
+  }
+
+  /// The worker group of a multi-worker device, else null.
+  detail::worker_group* workers_or_null() noexcept {
+    if constexpr (multi_worker) {
+      return rt_.workers();
+    } else {
+      return nullptr;
     }
   }
 
@@ -672,7 +695,7 @@ class Strategy {
     const auto outcomes = rt_.exchange(self, o);
     if (outcomes[0].failed != nullptr) {
       if (self == 0) std::rethrow_exception(failure);
-      throw detail::collective_cancelled{};
+      throw detail::collective_cancelled_rethrow_me{};
     }
     return outcomes[0].value;
   }

@@ -33,6 +33,32 @@ struct arith<__nv_bfloat16> {
   __device__ static __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
 };
 
+// min and max as mirror::detail::minimum/maximum (mirror/detail/element_ops.hpp): for floating
+// types IEEE 754-2019's minimum and maximum (a NaN operand gives NaN, -0 below +0), so the result
+// does not depend on the order the replicas are combined in.
+template <class V>
+__device__ V minimum(V a, V b) {
+  if constexpr (std::is_floating_point_v<V>) {
+    if (a != a) return a;
+    if (b != b) return b;
+    if (a == b) return signbit(a) ? a : b;
+    return a < b ? a : b;
+  } else {
+    return b < a ? b : a;
+  }
+}
+template <class V>
+__device__ V maximum(V a, V b) {
+  if constexpr (std::is_floating_point_v<V>) {
+    if (a != a) return a;
+    if (b != b) return b;
+    if (a == b) return signbit(a) ? b : a;
+    return a < b ? b : a;
+  } else {
+    return a < b ? b : a;
+  }
+}
+
 template <class T>
 __global__ void combine_kernel(ReduceOp op, T* __restrict__ dst, const T* __restrict__ src, std::size_t n) {
   using A = arith<T>;
@@ -45,8 +71,8 @@ __global__ void combine_kernel(ReduceOp op, T* __restrict__ dst, const T* __rest
       case ReduceOp::sum:
       case ReduceOp::mean: r = static_cast<V>(a + b); break;
       case ReduceOp::prod: r = static_cast<V>(a * b); break;
-      case ReduceOp::min: r = b < a ? b : a; break;
-      case ReduceOp::max: r = a < b ? b : a; break;
+      case ReduceOp::min: r = minimum(a, b); break;
+      case ReduceOp::max: r = maximum(a, b); break;
     }
     dst[i] = A::store(r);
   }

@@ -95,11 +95,12 @@ struct Cluster {
 
    private:
     // Local replicas wait in local barriers while their worker's replica 0 is in a cross-worker
-    // collective: their own timeout must outlast the cross-worker one, which names the culprit.
+    // collective: their own timeout must outlast the cross-worker one, which names the culprit,
+    // and the recovery from another worker's failure that may follow it (at most as long again).
     static Local local_policy(const Cluster& c) {
       Local l = c.local;
       if constexpr (requires { l.timeout; }) {
-        l.timeout += std::chrono::duration_cast<decltype(l.timeout)>(c.timeout + std::chrono::seconds(10));
+        l.timeout += std::chrono::duration_cast<decltype(l.timeout)>(2 * c.timeout + std::chrono::seconds(10));
       }
       return l;
     }

@@ -22,6 +22,7 @@
 #include <deque>
 #include <limits>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,6 +34,8 @@
 #if defined(__linux__)
 #include <sched.h>
 #endif
+#include <mirror/detail/collective.hpp>
+#include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/replica_rows.hpp>
 #include <mirror/error.hpp>
 
@@ -44,9 +47,33 @@ using clock = std::chrono::steady_clock;
 // Control-communicator tags. Data collectives use the data communicator, so tags never mix.
 constexpr int tag_query = 1;   // "which collective have you entered?" payload: int64 asked sequence
 constexpr int tag_reply = 2;   // payload: int64 {entered sequence, asked sequence}
-constexpr int tag_notice = 3;  // payload: int64 {kind, replica, sequence} then text
+constexpr int tag_notice = 3;  // payload: int64 {kind, replica, sequence} then text (a timeout)
+// A failure in fn, and every worker's answer to it: int64 {phase, replica, count, n} then n
+// posted_op records (posted_words each) then the failure's text (recover() says how it is used).
+constexpr int tag_failure = 4;
 
 enum notice_kind : std::int64_t { notice_failure = 0, notice_timeout = 1 };
+
+// A collective posted on the data communicator, described well enough for a worker that did
+// not post it to post its match (recover()): what, how many elements of which kind, the op or
+// the root. Sent as posted_words int64.
+enum post_kind : std::int64_t { post_allreduce = 0, post_bcast = 1, post_allgather4 = 2, post_alltoallv = 3,
+                                post_allgatherv = 4 };
+struct posted_op {
+  std::int64_t seq = 0;      // its number among this worker's posts (impl::sequence)
+  std::int64_t kind = 0;     // post_kind
+  std::int64_t count = 0;    // elements (bytes for a broadcast)
+  std::int64_t element = 0;  // (category << 8) | bytes
+  std::int64_t op = 0;       // ReduceOp, or the root of a broadcast
+  std::int64_t phase = 0;    // the caller's phase when it was posted (not sent)
+};
+constexpr std::size_t posted_words = 5;
+
+std::int64_t code_of(detail::element_kind k) { return static_cast<std::int64_t>(k.cat) << 8 | k.bytes; }
+detail::element_kind kind_of(std::int64_t code) {
+  return {static_cast<detail::element_kind::category>((code >> 8) & 0xff), static_cast<std::uint8_t>(code & 0xff)};
+}
+constexpr detail::element_kind int64_kind{detail::element_kind::category::signed_integer, 8};
 
 std::string error_text(int code) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -88,13 +115,40 @@ std::string kind_name(detail::element_kind k) {
   return base + std::to_string(8 * k.bytes);
 }
 
-MPI_Op op_of(ReduceOp op) {
+// min and max of floating-point values as everywhere in mirror (detail::minimum, maximum: a NaN
+// on any worker gives NaN, -0 is below +0). MPI defines MPI_MIN and MPI_MAX for ordered values
+// only, and Open MPI's keep whichever operand their comparison picks, so a NaN would survive or
+// vanish depending on the order of the workers.
+template <bool Max>
+void floating_extreme(void* in, void* inout, int* len, MPI_Datatype* type) {
+  auto each = [&](const auto* a, auto* b) {
+    for (int i = 0; i < *len; ++i) b[i] = Max ? detail::maximum(a[i], b[i]) : detail::minimum(a[i], b[i]);
+  };
+  if (*type == MPI_FLOAT) {
+    each(static_cast<const float*>(in), static_cast<float*>(inout));
+  } else if (*type == MPI_DOUBLE) {
+    each(static_cast<const double*>(in), static_cast<double*>(inout));
+  } else {
+    each(static_cast<const long double*>(in), static_cast<long double*>(inout));
+  }
+}
+MPI_Op floating_min = MPI_OP_NULL, floating_max = MPI_OP_NULL;  // made once MPI is initialised
+std::once_flag floating_ops_made;
+void make_floating_ops() {
+  std::call_once(floating_ops_made, [] {
+    check(MPI_Op_create(&floating_extreme<false>, 1, &floating_min), "MPI_Op_create (min)");
+    check(MPI_Op_create(&floating_extreme<true>, 1, &floating_max), "MPI_Op_create (max)");
+  });
+}
+
+MPI_Op op_of(ReduceOp op, detail::element_kind kind) {
+  const bool floating = kind.cat == detail::element_kind::category::floating;
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::mean: return MPI_SUM;
     case ReduceOp::prod: return MPI_PROD;
-    case ReduceOp::min: return MPI_MIN;
-    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return floating ? floating_min : MPI_MIN;
+    case ReduceOp::max: return floating ? floating_max : MPI_MAX;
   }
   return MPI_SUM;
 }
@@ -198,12 +252,16 @@ struct group::impl {
     bool checked;
     std::exception_ptr error;
     bool in_worker_order = false;  // reduce: fold the workers' values in worker order (see reduce_in_worker_order)
+    // The caller's collective of fn (detail::current_position, read on the caller's thread), for
+    // messages; sequence 0 outside fn (then `what` names the API).
+    detail::collective_position position{};
+    std::int64_t phase = 0;  // the caller's phase (impl::phase) when it handed the job over
     clock::rep done_at = 0;          // when the thread finished it (written before `done`)
     std::atomic<bool> done{false};  // set (under mutex) after everything else the thread writes
   };
   // Why the group cannot be used any more (guarded by mutex).
   struct broken_state {
-    enum { none, remote_failure, local_failure, timeout, mpi_error } why = none;
+    enum { none, timeout, mpi_error } why = none;
     int replica = -1;
     std::string text;
     std::vector<int> missing;
@@ -279,7 +337,6 @@ struct group::impl {
   bool stop = false;
   bool shut_down = false;  // the thread has ended (destruction, or MPI_Finalize's callback)
   int keyval = MPI_KEYVAL_INVALID;  // attribute on MPI_COMM_SELF whose deletion (MPI_Finalize) stops us
-  std::deque<std::pair<int, std::string>> outbox;  // failures of this worker's replicas to announce
   broken_state broken;
   std::vector<std::exception_ptr> symmetric;  // errors raised on every worker together: not forwarded
   std::thread thread;
@@ -340,7 +397,30 @@ struct group::impl {
   std::vector<std::int64_t> replies;   // per worker: the sequence it had entered, -1 = no reply
   std::vector<std::int64_t> known;     // per worker: the highest sequence it is known to have entered
   std::optional<broken_state> remote;  // a notice received from another worker
-  std::atomic<bool> failed_here{false};  // a replica of this worker failed (report_failure)
+
+  // ---------------- recovery from a failure in fn (recover()) ----------------
+  // The caller's phase: next_phase() advances it as each run starts and as it ends, on every
+  // worker alike (runs are collective), so a failure names the run it ended and a job tells that
+  // run's collectives from later ones. Written by the caller; jobs carry it to this thread.
+  std::atomic<std::int64_t> phase{0};
+  struct failure_info {
+    std::int64_t phase = -1;  // the failed run's phase; -1: none yet
+    int replica = -1;         // the global replica whose fn threw (the lowest known)
+    std::string text;         // what it threw
+  };
+  failure_info failure;  // the latest failed run (guarded by mutex)
+  std::atomic<std::int64_t> local_failed_phase{-1};  // report_failure's news for this thread
+  // Communication-thread state of the recovery.
+  std::int64_t job_phase = 0;  // the phase of the job being executed (or of the last one)
+  std::int64_t drained = -1;   // the last failed phase recovered from
+  std::int64_t pending = -1;   // a failed phase learned of and not recovered from yet
+  std::deque<posted_op> posts;  // this worker's posts of the last phases (a recovery sends them)
+  std::vector<std::pair<std::int64_t, std::int64_t>> phase_starts;  // (phase, sequence before its first job)
+  struct status {
+    std::int64_t count = 0;        // the worker's posts up to the end of the failed phase
+    std::vector<posted_op> posts;  // those of them in that phase
+  };
+  std::map<std::int64_t, std::vector<std::optional<status>>> statuses;  // per failed phase, per worker
 
   // ---------------- the broken state (call with mutex held) ----------------
   std::exception_ptr broken_error() const {
@@ -348,9 +428,6 @@ struct group::impl {
         "; Open MPI cannot cancel a posted collective, so this strategy cannot continue: end the job and restart "
         "it from the last checkpoint (mirror::restore)";
     switch (broken.why) {
-      case broken_state::remote_failure:
-      case broken_state::local_failure:
-        return std::make_exception_ptr(replica_error(broken.replica, broken.text + tail));
       case broken_state::timeout: return std::make_exception_ptr(timeout_error(broken.text + tail, broken.missing));
       case broken_state::mpi_error:
         return std::make_exception_ptr(backend_error("mirror::devices::Cluster: an earlier MPI error: " + broken.text + tail, -1));
@@ -414,7 +491,6 @@ struct group::impl {
   void main_loop() {
     for (bool after_job = false;;) {
       job* j = nullptr;
-      std::deque<std::pair<int, std::string>> out;
       bool stopping = false;
       // Right after a collective the next one usually follows at once (a training step's leaves,
       // a loop of all-reduces): spin for it briefly instead of parking, saving the wake-up.
@@ -425,9 +501,10 @@ struct group::impl {
         std::unique_lock lock(mutex);
         // Idle: still serve the control communicator every millisecond (a late worker must
         // answer "which collective have you entered" while its replicas compute).
-        wake_comm.wait_for(lock, std::chrono::milliseconds(1),
-                           [&] { return stop || (current != nullptr && !taken) || !outbox.empty(); });
-        out.swap(outbox);
+        wake_comm.wait_for(lock, std::chrono::milliseconds(1), [&] {
+          return stop || (current != nullptr && !taken) ||
+                 local_failed_phase.load(std::memory_order_relaxed) > drained;
+        });
         if (current != nullptr && !taken) {
           taken = true;
           posted.store(false, std::memory_order_relaxed);
@@ -437,9 +514,14 @@ struct group::impl {
       }
       after_job = j != nullptr;
       try {
-        for (auto& [replica, text] : out) announce(notice_failure, replica, sequence, text);
         serve_control();
         progress_sends();
+        // A run failed here or on another worker: recover now, while this thread is free (the
+        // others wait for this worker's answer), not when the next job comes.
+        note_local_failure();
+        if (pending > drained && !is_broken()) recover(pending, nullptr);
+      } catch (const timeout_error&) {
+        // recover() gave up on a worker and marked the group broken; later jobs throw it.
       } catch (...) {
         mark_broken_mpi(std::current_exception());
       }
@@ -452,6 +534,7 @@ struct group::impl {
         wake_caller.notify_all();
       }
       if (stopping) {
+        leave();
         flush_sends();
         return;
       }
@@ -463,13 +546,32 @@ struct group::impl {
     if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, what_of(e), {}};
   }
 
+  // How messages name job j: the user's collective as numbered in fn, or the API outside fn.
+  static std::string where_of(const job& j) {
+    if (j.position.sequence == 0) return j.what;
+    return "collective #" + std::to_string(j.position.sequence) + " (" +
+           detail::to_string(j.position.kind, j.position.param).text + ") of fn, its cross-worker step";
+  }
+  std::string where;  // where_of(the job being executed), for wait()'s messages
+
   void execute(job& j) {
+    where = where_of(j);
+    job_phase = j.phase;
+    if (phase_starts.empty() || phase_starts.back().first < j.phase) {
+      phase_starts.emplace_back(j.phase, sequence);
+      if (phase_starts.size() > 64) phase_starts.erase(phase_starts.begin());
+    }
     try {
       {
         std::lock_guard lock(mutex);
         if (broken.why != broken_state::none) std::rethrow_exception(broken_error());
       }
-      if (remote) adopt_remote(j);  // a notice arrived while we were idle
+      if (remote) adopt_remote(j);  // a timeout notice arrived while we were idle
+      // A failed run is recovered from before anything later is posted; the failed run's own
+      // later collectives are not posted at all.
+      note_local_failure();
+      if (pending > drained && pending <= j.phase) recover(pending, nullptr);
+      throw_if_failed(j.phase);
       const bool check_first = j.kind == job::check || (validate && !(j.kind == job::reduce && j.checked));
       if (check_first) agree(j);
       if (j.kind == job::check) return;
@@ -477,17 +579,17 @@ struct group::impl {
         reduce_in_worker_order(j);
         return;
       }
-      ++sequence;
       MPI_Request request = MPI_REQUEST_NULL;
       if (j.kind == job::reduce) {
-        const std::size_t ring_from = W == 2 ? two_worker_ring_threshold_bytes : ring_threshold_bytes;
-        const bool ring = ring_algorithm.usable && j.count * j.element.bytes >= ring_from;
+        log_post(post_allreduce, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
+        const bool ring = use_ring(j.count * j.element.bytes);
         if (ring) ring_algorithm.set(1);
         const int code = MPI_Iallreduce(MPI_IN_PLACE, j.data, static_cast<int>(j.count), datatype_of(j.element),
-                                        op_of(j.op), data, &request);
+                                        op_of(j.op, j.element), data, &request);
         if (ring) ring_algorithm.set(0);
         check(code, "MPI_Iallreduce", j.what);
       } else {
+        log_post(post_bcast, j.count, 0, j.root);
         check(MPI_Ibcast(j.data, static_cast<int>(j.count), MPI_BYTE, j.root, data, &request),
               "MPI_Ibcast", j.what);
       }
@@ -508,14 +610,21 @@ struct group::impl {
   /// products, so each step is acc op x_p), and every worker gathers every slice
   /// (MPI_Iallgatherv in place). The bytes moved equal a ring all-reduce's: 2 (W-1)/W of the
   /// buffer per worker.
-  void reduce_in_worker_order(job& j) {
-    const std::size_t bytes = j.element.bytes;
-    std::vector<int> counts(static_cast<std::size_t>(W)), displs(static_cast<std::size_t>(W));
-    for (int p = 0; p < W; ++p) {  // balanced slices, as input rows over replicas
-      const auto [first, count] = detail::replica_rows(j.count, W, p);
+  /// Worker p's slice of `n` elements: balanced, as input rows over replicas.
+  void slices(std::size_t n, std::vector<int>& counts, std::vector<int>& displs) const {
+    counts.assign(static_cast<std::size_t>(W), 0);
+    displs.assign(static_cast<std::size_t>(W), 0);
+    for (int p = 0; p < W; ++p) {
+      const auto [first, count] = detail::replica_rows(n, W, p);
       displs[static_cast<std::size_t>(p)] = static_cast<int>(first);
       counts[static_cast<std::size_t>(p)] = static_cast<int>(count);
     }
+  }
+
+  void reduce_in_worker_order(job& j) {
+    const std::size_t bytes = j.element.bytes;
+    std::vector<int> counts, displs;
+    slices(j.count, counts, displs);
     const int mine = counts[static_cast<std::size_t>(w)];
     const MPI_Datatype type = datatype_of(j.element);
     std::vector<int> from(static_cast<std::size_t>(W), mine), at(static_cast<std::size_t>(W));
@@ -523,7 +632,7 @@ struct group::impl {
     // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
     auto rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, static_cast<std::size_t>(W) *
                                                                               static_cast<std::size_t>(mine) * bytes));
-    ++sequence;
+    log_post(post_alltoallv, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
     MPI_Request request = MPI_REQUEST_NULL;
     check(MPI_Ialltoallv(j.data, counts.data(), displs.data(), type, rows.get(), from.data(), at.data(), type, data,
                          &request),
@@ -531,14 +640,15 @@ struct group::impl {
     wait_keeping(request, j.what, rows);
     const std::size_t row = static_cast<std::size_t>(mine) * bytes;
     for (int p = 1; p < W; ++p) {
-      check(MPI_Reduce_local(rows.get() + static_cast<std::size_t>(p) * row, rows.get(), mine, type, op_of(j.op)),
+      check(MPI_Reduce_local(rows.get() + static_cast<std::size_t>(p) * row, rows.get(), mine, type,
+                             op_of(j.op, j.element)),
             "MPI_Reduce_local (in worker order)", j.what);
     }
     if (row != 0) {
       std::memcpy(static_cast<unsigned char*>(j.data) + static_cast<std::size_t>(displs[static_cast<std::size_t>(w)]) * bytes,
                   rows.get(), row);
     }
-    ++sequence;
+    log_post(post_allgatherv, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
     check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, counts.data(), displs.data(), type, data,
                           &request),
           "MPI_Iallgatherv (in worker order)", j.what);
@@ -558,7 +668,7 @@ struct group::impl {
     auto both = std::make_unique<std::int64_t[]>(2);
     both[0] = key;
     both[1] = -key;
-    ++sequence;
+    log_post(post_allreduce, 2, code_of(int64_kind), static_cast<std::int64_t>(ReduceOp::max));
     MPI_Request request = MPI_REQUEST_NULL;
     check(MPI_Iallreduce(MPI_IN_PLACE, both.get(), 2, MPI_INT64_T, MPI_MAX, data, &request),
           "MPI_Iallreduce (agreement check)", j.what);
@@ -572,11 +682,11 @@ struct group::impl {
     mine[1] = static_cast<std::int64_t>(element);
     mine[2] = static_cast<std::int64_t>(what_kind);
     mine[3] = bcast ? 1 : 0;
-    ++sequence;
+    log_post(post_allgather4, 4, code_of(int64_kind), 0);
     check(MPI_Iallgather(mine, 4, MPI_INT64_T, mine + 4, 4, MPI_INT64_T, data, &request),
           "MPI_Iallgather (agreement check)", j.what);
     wait_keeping(request, j.what, gathered);
-    std::string text = std::string("mirror: ") + j.what + ": the workers disagree on a cross-worker collective:";
+    std::string text = "mirror: " + where + ": the workers disagree on a cross-worker collective:";
     for (int p = 0; p < W; ++p) {
       const std::int64_t* d = &all[4 * static_cast<std::size_t>(p)];
       text += (p == 0 ? " " : "; ") + std::string("worker ") + std::to_string(p) + " (replicas " +
@@ -613,11 +723,12 @@ struct group::impl {
     }
   }
 
-  /// Polls `request` to completion, serving the control communicator meanwhile; gives up with
-  /// replica_error on a failure notice, with timeout_error after the timeout.
+  /// Polls `request` to completion, serving the control communicator meanwhile. A failure in fn
+  /// of this run (on any worker) ends it with replica_error once recover() has completed it; one
+  /// of an earlier run is recovered from, and the wait goes on. timeout_error after the timeout.
   void wait(MPI_Request& request, const char* what) {
-    const auto start = clock::now();
-    const auto deadline = start + timeout;
+    auto start = clock::now();
+    auto deadline = start + timeout;
     for (unsigned polls = 0;; ++polls) {
       int done = 0;
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
@@ -628,16 +739,23 @@ struct group::impl {
       if ((polls & 7) != 7) continue;
       serve_control();
       progress_sends();
-      if (remote) {
+      if (remote) {  // another worker gave up waiting for this one
         abandoned.push_back(request);
-        if (remote->why == broken_state::timeout) time_out(start, what);
-        throw_remote();
+        time_out(start, what);
       }
-      if (failed_here.load(std::memory_order_acquire)) {
-        // A replica of this worker failed: the others were told; stop waiting for them.
-        abandoned.push_back(request);
-        std::lock_guard lock(mutex);
-        std::rethrow_exception(broken_error());
+      note_local_failure();
+      if (pending > drained && pending <= job_phase) {
+        const std::int64_t failed = pending;
+        try {
+          recover(failed, failed == job_phase ? &request : nullptr);
+        } catch (...) {
+          if (request != MPI_REQUEST_NULL) abandoned.push_back(request);
+          throw;
+        }
+        if (failed == job_phase) throw_failure();
+        start = clock::now();  // the peers were recovering too: this collective's wait starts now
+        deadline = start + timeout;
+        continue;
       }
       const auto now = clock::now();
       if (now >= deadline) {
@@ -661,30 +779,20 @@ struct group::impl {
     }
   }
 
-  // A notice arrived before this collective started: fail it the same way.
-  void adopt_remote(job&) {
-    if (remote->why == broken_state::timeout) {
-      // Another worker gave up waiting for this one: it is the late worker.
-      std::lock_guard lock(mutex);
-      broken = *remote;
-      broken.missing.clear();
-      for (int r = 0; r < R; ++r) broken.missing.push_back(w * R + r);
-      std::rethrow_exception(broken_error());
-    }
-    throw_remote();
-  }
-
-  [[noreturn]] void throw_remote() {
+  // Another worker gave up waiting for this one before this collective started: it is the late
+  // worker, and fails the same way.
+  [[noreturn]] void adopt_remote(job&) {
     std::lock_guard lock(mutex);
     broken = *remote;
-    broken.why = broken_state::remote_failure;
-    throw replica_error(remote->replica, remote->text);
+    broken.missing.clear();
+    for (int r = 0; r < R; ++r) broken.missing.push_back(w * R + r);
+    std::rethrow_exception(broken_error());
   }
 
   /// Asks every peer which collective it has entered; names those behind; marks the group
   /// broken and tells the peers (so a late worker fails at its next collective, not after
   /// its own timeout).
-  [[noreturn]] void time_out(clock::time_point start, const char* what) {
+  [[noreturn]] void time_out(clock::time_point start, const char*) {
     const std::int64_t seq = sequence;
     asked = seq;
     replies.assign(static_cast<std::size_t>(W), -1);
@@ -717,8 +825,7 @@ struct group::impl {
     std::string names;
     for (int m : missing) names += (names.empty() ? "" : ", ") + std::to_string(m);
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
-    std::string text = "mirror: worker " + std::to_string(w) + " waited " + std::to_string(waited) +
-                       " ms in cross-worker collective #" + std::to_string(seq) + " (" + what + ")";
+    std::string text = "mirror: worker " + std::to_string(w) + " waited " + std::to_string(waited) + " ms in " + where;
     if (remote && remote->why == broken_state::timeout) text += " until worker " + std::to_string(remote->replica / R) + " gave up";
     text += "; replicas {" + names + "} did not arrive";
     if (!late.empty()) text += " (late workers: " + late + ")";
@@ -726,6 +833,345 @@ struct group::impl {
     if (missing.empty()) text += " (every worker says it arrived: the network is slow or partitioned)";
     text += "; raise devices::Cluster{.timeout} if they are just slow";
     announce(notice_timeout, w * R, seq, text);
+    std::lock_guard lock(mutex);
+    broken = {broken_state::timeout, -1, text, missing};
+    throw timeout_error(text, missing);
+  }
+
+  // ---------------- recovery from a failure in fn ----------------
+  //
+  // MPI matches the collectives of a communicator by their order alone, and Open MPI 4.1 cannot
+  // cancel one: once a worker has posted a collective that another will never post (its run
+  // failed first), the next collective anyone posts would pair with it, with another's data.
+  // So after a run fails on any worker, every worker completes every post of that run before it
+  // posts anything later:
+  //  1. Each worker learns of the failure: its own replica's (report_failure), or another
+  //     worker's message. It then sends every other worker its status: how many collectives it
+  //     has posted up to the end of the failed run, and what the last ones were (posted_op).
+  //     The same message tells a worker that has not heard of the failure yet.
+  //  2. With every worker's status, each knows M, the most any worker posted in that run, and
+  //     posts a dummy of each of the collectives it lacks up to M, as the worker that posted it
+  //     described it: every post of the run now has its match on every worker, and completes.
+  //  3. Each waits for its own outstanding post of the failed run (the one its job was waiting
+  //     in) and its dummies; then the data communicator holds nothing stale, and every worker
+  //     stands at the same count M.
+  // A worker that finished the failed run without noticing (its fn called no collective after
+  // the failure) posted all of that run's collectives, so M is its count and it posts nothing:
+  // its later collectives (already posted, perhaps) pair with the others', which they post after
+  // their recovery. A job of the failed run is not posted at all (throw_if_failed); one that was
+  // waiting throws replica_error after step 3, so no buffer is abandoned to MPI. Waiting for the
+  // statuses and for step 3 is bounded by the timeout; past it the group is broken as after any
+  // timeout.
+
+  static constexpr std::size_t kept_posts = 16;  // a recovery needs the last job's few
+
+  void log_post(post_kind kind, std::size_t count, std::int64_t element, std::int64_t op) {
+    ++sequence;
+    posts.push_back({sequence, kind, static_cast<std::int64_t>(count), element, op, job_phase});
+    if (posts.size() > kept_posts) posts.pop_front();
+  }
+
+  bool use_ring(std::size_t bytes) const {
+    const std::size_t ring_from = W == 2 ? two_worker_ring_threshold_bytes : ring_threshold_bytes;
+    return ring_algorithm.usable && bytes >= ring_from;
+  }
+
+  bool is_broken() {
+    std::lock_guard lock(mutex);
+    return broken.why != broken_state::none;
+  }
+
+  void note_local_failure() {
+    const std::int64_t failed = local_failed_phase.load(std::memory_order_acquire);
+    if (failed > drained && failed > pending) pending = failed;
+  }
+
+  [[noreturn]] void throw_failure() {
+    std::lock_guard lock(mutex);
+    const int from = failure.replica / R;
+    throw replica_error(failure.replica,
+                        from == w ? failure.text : "worker " + std::to_string(from) + ": " + failure.text);
+  }
+  void throw_if_failed(std::int64_t ph) {
+    bool failed = false;
+    {
+      std::lock_guard lock(mutex);
+      failed = failure.phase == ph;
+    }
+    if (failed) throw_failure();
+  }
+
+  /// This worker's posts up to the end of phase `failed`.
+  std::int64_t count_through(std::int64_t failed) const {
+    for (const auto& [ph, seq] : phase_starts) {
+      if (ph > failed) return seq;
+    }
+    return sequence;
+  }
+
+  void learn_failure(int from, const std::vector<char>& bytes) {
+    constexpr std::size_t head_words = 4;
+    std::int64_t head[head_words] = {0, 0, 0, 0};
+    if (bytes.size() < sizeof head) return;
+    std::memcpy(head, bytes.data(), sizeof head);
+    const std::int64_t failed = head[0], n = head[3];
+    if (failed == leaving) {
+      left[static_cast<std::size_t>(from)] = 1;
+      return;
+    }
+    if (n < 0 || bytes.size() < sizeof head + static_cast<std::size_t>(n) * posted_words * sizeof(std::int64_t)) return;
+    status st;
+    st.count = head[2];
+    const char* at = bytes.data() + sizeof head;
+    for (std::int64_t k = 0; k < n; ++k) {
+      std::int64_t words[posted_words];
+      std::memcpy(words, at, sizeof words);
+      at += sizeof words;
+      st.posts.push_back({words[0], words[1], words[2], words[3], words[4], failed});
+    }
+    const std::string text(at, bytes.data() + bytes.size());
+    if (failed <= drained) return;  // a status of a run already recovered from cannot come: ignore
+    auto& got = statuses[failed];
+    if (got.empty()) got.resize(static_cast<std::size_t>(W));
+    got[static_cast<std::size_t>(from)] = std::move(st);
+    {
+      std::lock_guard lock(mutex);
+      const int replica = static_cast<int>(head[1]);
+      if (failure.phase < failed || (failure.phase == failed && replica < failure.replica)) {
+        failure = {failed, replica, text};
+      }
+    }
+    if (failed > pending) pending = failed;
+  }
+
+  void send_status(std::int64_t failed, const status& mine) {
+    failure_info f;
+    {
+      std::lock_guard lock(mutex);
+      f = failure;
+    }
+    const std::int64_t head[4] = {failed, f.replica, mine.count, static_cast<std::int64_t>(mine.posts.size())};
+    std::vector<char> bytes(sizeof head + mine.posts.size() * posted_words * sizeof(std::int64_t) + f.text.size());
+    char* at = bytes.data();
+    std::memcpy(at, head, sizeof head);
+    at += sizeof head;
+    for (const posted_op& o : mine.posts) {
+      const std::int64_t words[posted_words] = {o.seq, o.kind, o.count, o.element, o.op};
+      std::memcpy(at, words, sizeof words);
+      at += sizeof words;
+    }
+    std::memcpy(at, f.text.data(), f.text.size());
+    for (int p = 0; p < W; ++p) {
+      if (p != w) send(p, tag_failure, bytes.data(), bytes.size(), nullptr);
+    }
+  }
+
+  // A dummy's request and what must outlive it.
+  struct dummy {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::unique_ptr<unsigned char[]> buffer, rows;
+    std::vector<int> counts, displs, from, at;
+  };
+
+  /// Posts the match of `o` (another worker's post), with data that nobody reads.
+  void post_dummy(const posted_op& o, dummy& d) {
+    const detail::element_kind k = kind_of(o.element);
+    const std::size_t n = static_cast<std::size_t>(o.count);
+    const char* what = "recovery from a failed run";
+    log_post(static_cast<post_kind>(o.kind), n, o.element, o.op);
+    switch (o.kind) {
+      case post_allreduce: {
+        d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, n * k.bytes));
+        const bool ring = use_ring(n * k.bytes);
+        if (ring) ring_algorithm.set(1);
+        const int code = MPI_Iallreduce(MPI_IN_PLACE, d.buffer.get(), static_cast<int>(n), datatype_of(k),
+                                        op_of(static_cast<ReduceOp>(o.op), k), data, &d.request);
+        if (ring) ring_algorithm.set(0);
+        check(code, "MPI_Iallreduce", what);
+        return;
+      }
+      case post_bcast:
+        d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, n));
+        check(MPI_Ibcast(d.buffer.get(), static_cast<int>(n), MPI_BYTE, static_cast<int>(o.op), data, &d.request),
+              "MPI_Ibcast", what);
+        return;
+      case post_allgather4:
+        d.buffer = std::make_unique<unsigned char[]>((4 + 4 * static_cast<std::size_t>(W)) * sizeof(std::int64_t));
+        check(MPI_Iallgather(d.buffer.get(), 4, MPI_INT64_T, d.buffer.get() + 4 * sizeof(std::int64_t), 4,
+                             MPI_INT64_T, data, &d.request),
+              "MPI_Iallgather", what);
+        return;
+      case post_alltoallv:
+      case post_allgatherv: {
+        slices(n, d.counts, d.displs);
+        const int mine = d.counts[static_cast<std::size_t>(w)];
+        const MPI_Datatype type = datatype_of(k);
+        d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, n * k.bytes));
+        if (o.kind == post_allgatherv) {
+          check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, d.buffer.get(), d.counts.data(), d.displs.data(),
+                                type, data, &d.request),
+                "MPI_Iallgatherv", what);
+          return;
+        }
+        d.from.assign(static_cast<std::size_t>(W), mine);
+        d.at.assign(static_cast<std::size_t>(W), 0);
+        for (int p = 0; p < W; ++p) d.at[static_cast<std::size_t>(p)] = p * mine;
+        d.rows = std::make_unique<unsigned char[]>(
+            std::max<std::size_t>(1, static_cast<std::size_t>(W) * static_cast<std::size_t>(mine) * k.bytes));
+        check(MPI_Ialltoallv(d.buffer.get(), d.counts.data(), d.displs.data(), type, d.rows.get(), d.from.data(),
+                             d.at.data(), type, data, &d.request),
+              "MPI_Ialltoallv", what);
+        return;
+      }
+      default:
+        throw backend_error("mirror::devices::Cluster: recovery from a failed run: another worker reports a "
+                            "collective of unknown kind " + std::to_string(o.kind), -1);
+    }
+  }
+
+  /// The recovery from the failure of phase `failed` (see above). `interrupted`: this worker's
+  /// post of that run that a job was waiting in, or null.
+  void recover(std::int64_t failed, MPI_Request* interrupted) {
+    const auto start = clock::now();
+    const auto deadline = start + timeout;
+    auto& got = statuses[failed];
+    if (got.empty()) got.resize(static_cast<std::size_t>(W));
+    status mine;
+    mine.count = count_through(failed);
+    for (const posted_op& o : posts) {
+      if (o.phase == failed && o.seq <= mine.count) mine.posts.push_back(o);
+    }
+    send_status(failed, mine);
+    got[static_cast<std::size_t>(w)] = std::move(mine);
+    // 1. Every worker's status (each sends one as it learns of the failure).
+    for (;;) {
+      if (std::all_of(got.begin(), got.end(), [](const auto& st) { return st.has_value(); })) break;
+      if (clock::now() >= deadline) give_up(failed, start, "answer", nullptr);
+      serve_control();
+      progress_sends();
+      if (interrupted != nullptr && *interrupted != MPI_REQUEST_NULL) {
+        int done = 0;
+        check(MPI_Test(interrupted, &done, MPI_STATUS_IGNORE), "MPI_Test (recovery)");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    // 2. Dummies up to the most any worker posted.
+    std::int64_t most = 0;
+    for (const auto& st : got) most = std::max(most, st->count);
+    const std::int64_t own = got[static_cast<std::size_t>(w)]->count;
+    std::vector<dummy> dummies;
+    if (own < most) {
+      if (sequence != own) {
+        fail_recovery("this worker has posted later collectives (" + std::to_string(sequence - own) +
+                      ") than the failed run's, while another posted " + std::to_string(most - own) +
+                      " more of the failed run's: the workers' programs diverged");
+      }
+      const std::int64_t outer_phase = job_phase;
+      job_phase = failed;
+      dummies.resize(static_cast<std::size_t>(most - own));
+      for (std::int64_t k = own + 1; k <= most; ++k) {
+        const posted_op* found = nullptr;
+        for (const auto& st : got) {
+          for (const posted_op& o : st->posts) {
+            if (o.seq == k) found = &o;
+          }
+        }
+        if (found == nullptr) {
+          job_phase = outer_phase;
+          fail_recovery("no worker described collective " + std::to_string(k) + " of the failed run");
+        }
+        post_dummy(*found, dummies[static_cast<std::size_t>(k - own - 1)]);
+      }
+      job_phase = outer_phase;
+    }
+    // 3. This worker's outstanding post of the run and its dummies complete.
+    for (;;) {
+      bool all_done = true;
+      if (interrupted != nullptr && *interrupted != MPI_REQUEST_NULL) {
+        int done = 0;
+        check(MPI_Test(interrupted, &done, MPI_STATUS_IGNORE), "MPI_Test (recovery)");
+        all_done = all_done && done;
+      }
+      for (dummy& d : dummies) {
+        if (d.request == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        check(MPI_Test(&d.request, &done, MPI_STATUS_IGNORE), "MPI_Test (recovery)");
+        all_done = all_done && done;
+      }
+      if (all_done) break;
+      if (clock::now() >= deadline) give_up(failed, start, "complete the failed run's collectives", &dummies);
+      serve_control();
+      progress_sends();
+    }
+    drained = failed;
+    statuses.erase(statuses.begin(), statuses.upper_bound(failed));
+  }
+
+  // ---------------- leaving: the strategy's destruction ----------------
+  // Every worker destroys its strategy at the same point of the program, but not at the same
+  // instant: one whose last run failed may still be recovering, and the others must still answer
+  // it (its status, its dummies). So a worker that leaves first finishes its own recovery, then
+  // tells the others it leaves (on tag_failure, after any status it sent, so a receiver has
+  // every status of that worker once it sees it leave), and serves the control communicator,
+  // recovering where asked, until every other worker has said so too; bounded by the timeout.
+  // After a timeout or an MPI error (broken) nobody waits.
+  static constexpr std::int64_t leaving = -2;  // tag_failure's phase field of a leave message
+  std::vector<char> left;                      // per worker: it said it leaves
+
+  void leave() {
+    if (W == 1 || is_broken()) return;
+    const auto deadline = clock::now() + timeout;
+    try {
+      note_local_failure();
+      if (pending > drained) recover(pending, nullptr);
+      const std::int64_t head[4] = {leaving, 0, 0, 0};
+      for (int p = 0; p < W; ++p) {
+        if (p != w) send(p, tag_failure, head, sizeof head, nullptr);
+      }
+      while (std::count(left.begin(), left.end(), 1) < W - 1 && clock::now() < deadline) {
+        serve_control();
+        progress_sends();
+        if (pending > drained) recover(pending, nullptr);
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    } catch (...) {
+      // A recovery that timed out, or an MPI error: leave anyway.
+    }
+  }
+
+  [[noreturn]] void fail_recovery(const std::string& why) {
+    const std::string text = "mirror::devices::Cluster: cannot recover from a failed run: " + why;
+    {
+      std::lock_guard lock(mutex);
+      if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, text, {}};
+    }
+    throw backend_error(text, -1);
+  }
+
+  /// The recovery's timeout: the workers that did not `step` in time are named, and the group is
+  /// broken (its dummies' buffers are kept: MPI may still write into them).
+  [[noreturn]] void give_up(std::int64_t failed, clock::time_point start, const char* step,
+                            std::vector<dummy>* dummies) {
+    std::vector<int> missing;
+    std::string names;
+    const auto& got = statuses[failed];
+    for (int p = 0; p < W; ++p) {
+      if (got[static_cast<std::size_t>(p)].has_value() && dummies == nullptr) continue;
+      if (p == w) continue;
+      names += (names.empty() ? "" : ", ") + std::to_string(p);
+      for (int r = 0; r < R; ++r) missing.push_back(p * R + r);
+    }
+    if (dummies != nullptr) {
+      for (dummy& d : *dummies) {
+        if (d.request != MPI_REQUEST_NULL) abandoned.push_back(d.request);
+        keep_until_exit(d.buffer);
+        keep_until_exit(d.rows);
+      }
+    }
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
+    const std::string text = "mirror: worker " + std::to_string(w) + " waited " + std::to_string(waited) +
+                             " ms for workers {" + names + "} to " + step + " after a run failed; raise "
+                             "devices::Cluster{.timeout} if they are just slow";
     std::lock_guard lock(mutex);
     broken = {broken_state::timeout, -1, text, missing};
     throw timeout_error(text, missing);
@@ -793,16 +1239,16 @@ struct group::impl {
         if (head[1] == asked && asked >= 0) replies[static_cast<std::size_t>(from)] = head[0];
       } else if (status.MPI_TAG == tag_notice && head[0] == notice_timeout) {
         seen = std::max(seen, head[2]);  // it gave up waiting in that collective
+      } else if (status.MPI_TAG == tag_failure) {
+        learn_failure(from, bytes);
       }
-      if (status.MPI_TAG == tag_notice && !remote) {
+      if (status.MPI_TAG == tag_notice && head[0] == notice_timeout && !remote) {
         broken_state s;
-        s.why = head[0] == notice_timeout ? broken_state::timeout : broken_state::remote_failure;
+        s.why = broken_state::timeout;
         s.replica = static_cast<int>(head[1]);
         const std::string text(bytes.begin() + static_cast<std::ptrdiff_t>(std::min(bytes.size(), sizeof head)),
                                bytes.end());
-        s.text = head[0] == notice_timeout
-                     ? "mirror: worker " + std::to_string(from) + " gave up waiting for this worker: " + text
-                     : "worker " + std::to_string(from) + ": " + text;
+        s.text = "mirror: worker " + std::to_string(from) + " gave up waiting for this worker: " + text;
         remote = s;
       }
     }
@@ -840,6 +1286,7 @@ group::group(const group_options& o) : impl_(new impl()) {
         "MPI_THREAD_MULTIPLE, ...) (needed anyway if your code calls MPI while a strategy exists), or let mirror "
         "initialise it");
   }
+  make_floating_ops();
   static_assert(sizeof(MPI_Comm) <= sizeof(std::uint64_t));
   const MPI_Comm comm = o.comm.is_world() ? MPI_COMM_WORLD : o.comm.get<MPI_Comm>();
   // Every collective of the construction is non-blocking and waited with the timeout: a worker
@@ -886,6 +1333,7 @@ group::group(const group_options& o) : impl_(new impl()) {
   MPI_Comm_size(m.data, &m.W);
   MPI_Comm_rank(m.data, &m.w);
   m.known.assign(static_cast<std::size_t>(m.W), -1);
+  m.left.assign(static_cast<std::size_t>(m.W), 0);
 
   // Equal R everywhere (TF leaves it undefined): {R, -R} under MAX, then the names.
   // Non-blocking with the timeout: a worker that never builds its strategy must not hang the
@@ -954,6 +1402,8 @@ void group::check_all_reduce(std::size_t count, detail::element_kind kind, Reduc
   if (!impl_->validate) return;  // Cluster{.validate_shapes = false}: trust the program
   impl::job j{impl::job::check, nullptr, count, kind, op, 0, what, false, nullptr};
   j.in_worker_order = impl_->in_worker_order(kind);
+  j.position = detail::current_position;
+  j.phase = impl_->phase.load(std::memory_order_relaxed);
   impl_->run(j);
 }
 
@@ -965,6 +1415,8 @@ void group::all_reduce(void* data, std::size_t count, detail::element_kind kind,
   }
   impl::job j{impl::job::reduce, data, count, kind, op, 0, what, checked, nullptr};
   j.in_worker_order = impl_->in_worker_order(kind);
+  j.position = detail::current_position;
+  j.phase = impl_->phase.load(std::memory_order_relaxed);
   impl_->run(j);
 }
 
@@ -974,8 +1426,12 @@ void group::broadcast(void* data, std::size_t bytes, int root, const char* what)
                                 " bytes in one cross-worker broadcast exceed MPI's int count; split the leaf");
   }
   impl::job j{impl::job::bcast, data, bytes, {}, ReduceOp::sum, root, what, false, nullptr};
+  j.position = detail::current_position;
+  j.phase = impl_->phase.load(std::memory_order_relaxed);
   impl_->run(j);
 }
+
+void group::next_phase() noexcept { impl_->phase.fetch_add(1, std::memory_order_relaxed); }
 
 void group::report_failure(int global_replica, const std::exception_ptr& failure) noexcept {
   impl& m = *impl_;
@@ -985,10 +1441,10 @@ void group::report_failure(int global_replica, const std::exception_ptr& failure
     for (const auto& e : m.symmetric) {
       if (e == failure) return;  // every worker raised it together; the group is still usable
     }
-    std::string text = what_of(failure);
-    m.broken = {impl::broken_state::local_failure, global_replica, text, {}};
-    m.outbox.emplace_back(global_replica, std::move(text));
-    m.failed_here.store(true, std::memory_order_release);
+    const std::int64_t now = m.phase.load(std::memory_order_relaxed);
+    if (m.failure.phase == now) return;  // this run has failed already (here or elsewhere): all are told
+    m.failure = {now, global_replica, what_of(failure)};
+    m.local_failed_phase.store(now, std::memory_order_release);
   } catch (...) {
     return;  // out of memory while describing: the peers will time out instead
   }

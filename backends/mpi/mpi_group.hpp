@@ -28,9 +28,11 @@ struct group_options {
 ///
 /// **Errors**: `std::invalid_argument` for unequal R (naming the workers and their counts), a
 /// non-positive timeout, or MPI initialised below `MPI_THREAD_SERIALIZED`; `backend_error` for an
-/// MPI failure. Collectives: see `detail::worker_group`. After a timeout, a remote failure or an
-/// MPI error the group is unusable (Open MPI 4.1 cannot cancel a posted collective): every later
-/// collective throws at once, and the job should be restarted from its last checkpoint.
+/// MPI failure. Collectives: see `detail::worker_group`. After a failure in fn on any worker, every
+/// worker completes the failed run's posted collectives (dummies for those it lacks) before it
+/// posts a later one, so the next run works. After a timeout or an MPI error the group is unusable
+/// (Open MPI 4.1 cannot cancel a posted collective): every later collective throws at once, and
+/// the job should be restarted from its last checkpoint.
 class group final : public detail::worker_group {
  public:
   /// Collective over `options.comm` (see the class comment).
@@ -57,6 +59,7 @@ class group final : public detail::worker_group {
   void all_reduce(void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
                   bool checked) override;
   void broadcast(void* data, std::size_t bytes, int root, const char* what) override;
+  void next_phase() noexcept override;
   void report_failure(int global_replica, const std::exception_ptr& failure) noexcept override;
   ///@}
 

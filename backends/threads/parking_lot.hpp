@@ -120,6 +120,9 @@ class alignas(64) parking_lot {
     pthread_cond_broadcast(&cv_);
   }
 
+  /// How many waiters are parked (asleep on the condition variable, or about to be).
+  int sleepers() const noexcept { return sleepers_.load(std::memory_order_acquire); }
+
  private:
   static constexpr int polls_per_round = 16;
 

@@ -14,6 +14,7 @@
 #include <exception>
 #include <new>
 #include <pthread.h>
+#include <sched.h>  // sched_yield
 #include <span>
 #include <stdexcept>
 #include <type_traits>
@@ -21,6 +22,7 @@
 #include <backends/threads/parking_lot.hpp>
 #include <backends/threads/usable_cores.hpp>
 #include <mirror/concepts/device.hpp>
+#include <mirror/detail/collective.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/exchanged.hpp>
 #include <mirror/detail/format.hpp>
@@ -63,6 +65,10 @@ class runtime {
   /// True on a thread that is running a replica function of this runtime.
   bool in_parallel() const noexcept { return current == this; }
 
+  /// How many of the worker threads (replicas 1..R-1) are parked waiting for the next parallel
+  /// call: asleep, burning no CPU. An idle pool gets there after its spin (limit_cores).
+  int parked_workers() const noexcept { return job_lot_.sleepers(); }
+
   /// Calls f(r) for every replica r concurrently (r = 0 on the calling thread); returns when
   /// all have returned. f must not throw. A small trivially copyable f whose call operator is
   /// const is called through a copy that every replica shares (so a `mutable` member it changes
@@ -87,7 +93,7 @@ class runtime {
   }
 
   /// Makes every waiting and later exchange/barrier of the current parallel call throw
-  /// detail::collective_cancelled (or the call's timeout_error, when a collective timed out).
+  /// detail::collective_cancelled_rethrow_me (or the call's timeout_error, when a collective timed out).
   void cancel();
 
   /// All-gather of `payload` and a barrier.
@@ -294,10 +300,17 @@ class runtime {
   // and every pending or later exchange/barrier of the call throws it. Without that, a replica
   // that caught the error inside fn and went on would leave its arrival in a slot that a late
   // replica then takes for this collective's, and the two would pair different collectives.
-  // The message is built out of line: arrive() is on every collective's path.
+  // One replica claims the failure and builds the error; every other replica that times out,
+  // or is cancelled, rethrows that same object (rethrow_failure), never one of its own: a
+  // replica listing the missing after the claimant's cancel() would count replicas that were
+  // only cancelled as missing. The message is built out of line: arrive() is on every
+  // collective's path.
   [[noreturn, gnu::cold]] void throw_timeout(int self, bool woke, std::uint64_t number, std::uint64_t epoch);
   // What an exchange/barrier of a cancelled call throws.
   [[noreturn, gnu::cold]] void throw_cancelled() const;
+  // The claimed failure, once its claimant has published it (state 1 lasts as long as it takes
+  // the claimant to build the error; nothing else can happen in between).
+  [[noreturn, gnu::cold]] void rethrow_failure() const;
 
   inline static thread_local const runtime* current = nullptr;
 
@@ -318,6 +331,7 @@ class runtime {
   // Read by every arrival, written only by cancel() and the next call's start: its own line.
   alignas(64) std::atomic<int> cancelled_{0};  // 0 or 1 (an int: see parking_lot::spin_ns_)
   // The call's timeout_error (throw_timeout): claimed (1), then published (2) before cancelled_.
+  // Once claimed, every replica's error of the call is that one (rethrow_failure).
   std::atomic<int> failure_state_{0};
   std::exception_ptr failure_;
   // The caller's own bookkeeping between calls.
@@ -576,8 +590,10 @@ MIRROR_DETAIL_INLINE void runtime::arrive(int self) {
 }
 
 MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint64_t number, std::uint64_t epoch) {
+  if (failure_state_.load(std::memory_order_acquire) != 0) rethrow_failure();  // another replica's
   // Missing: not arrived at this collective, and (when a finished replica woke the wait) gone
-  // from fn.
+  // from fn. Listed before the claim: a replica cancelled by a claimant cannot be among them,
+  // since whoever claims after this list was made is not the claimant, and discards it.
   const per_replica& me = replica_[static_cast<std::size_t>(self)];
   const slot* const row = row_of(me.calls);
   const auto is_missing = [&](int r) {
@@ -611,32 +627,42 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
   // Thrown and caught here to keep it (std::current_exception) rather than made with
   // std::make_exception_ptr: that template's copy of the error was 0.07 G more compiler
   // instructions in every header-only translation unit.
+  const detail::message where = detail::describe_position("a collective");
   try {
     // (One format call for both messages: GCC checks both strings against the arguments.)
     throw timeout_error(
-        detail::format(woke ? "mirror: replica %d waits in collective call %llu that replicas {%s} returned from fn "
-                              "without reaching; every replica must make the same collective calls"
-                            : "mirror: replica %d waited %llu ms in a collective that replicas {%s} did not reach; "
+        detail::format(woke ? "mirror: replica %d waits in %s%.0llu, which replicas {%s} returned from fn without "
+                              "reaching; every replica must make the same collective calls"
+                            : "mirror: replica %d waited in %s for %llu ms, and replicas {%s} did not reach it; "
                               "raise devices::Threads{.timeout} if they are just slow",
-                       self, static_cast<unsigned long long>(woke ? me.calls : timeout_ns_ / 1'000'000), names.c_str()),
+                       self, where.c_str(), static_cast<unsigned long long>(woke ? 0 : timeout_ns_ / 1'000'000),
+                       names.c_str()),
         std::move(missing));
   } catch (const timeout_error&) {
-    // The first replica to time out publishes its error (state 2 before cancelled_, so that a
-    // replica seeing the flag set by it finds the error); a cancel() already under way, or a
-    // second timeout, leaves it to them.
+    // The first replica to claim the failure publishes its error (state 2 before cancelled_, so
+    // that a replica seeing the flag set by it finds the error) and throws it; the others drop
+    // theirs and throw that one.
     int unclaimed = 0;
     if (failure_state_.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
       failure_ = std::current_exception();
       failure_state_.store(2, std::memory_order_release);
       cancel();
+      throw;
     }
-    throw;
   }
+  rethrow_failure();
 }
 
 MIRROR_DETAIL_INLINE void runtime::throw_cancelled() const {
-  if (failure_state_.load(std::memory_order_acquire) == 2) std::rethrow_exception(failure_);
-  throw detail::collective_cancelled{};
+  // A cancel() under a claimed timeout (the claimant's, or that of a replica which rethrew the
+  // claimant's error out of fn) ends in that error; only a replica's own failure cancels with none.
+  if (failure_state_.load(std::memory_order_acquire) != 0) rethrow_failure();
+  throw detail::collective_cancelled_rethrow_me{};
+}
+
+MIRROR_DETAIL_INLINE void runtime::rethrow_failure() const {
+  while (failure_state_.load(std::memory_order_acquire) != 2) sched_yield();
+  std::rethrow_exception(failure_);
 }
 #endif
 

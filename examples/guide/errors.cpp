@@ -49,6 +49,27 @@ int main() {
   }
   // [/replica_error]
 
+  // [catch_all]
+  bool rethrown = false;
+  try {
+    strategy.run([&](auto& ctx) {
+      if (ctx.replica_id_in_sync_group() == 1) throw std::runtime_error("out of data");
+      try {
+        ctx.all_reduce(mirror::ReduceOp::sum, 1.0f);          // cancelled: replica 1 failed
+      } catch (const std::exception& e) {
+        std::printf("replica 0 caught: %s\n", e.what());      // your errors and mirror's
+        throw;
+      } catch (...) {
+        rethrown = true;                                      // mirror's cancellation, or another
+        throw;                                                // type you do not know: rethrow it
+      }
+    });
+  } catch (const mirror::replica_error& e) {
+    std::printf("run reports replica %d: %s\n", e.replica(), e.what());
+  }
+  // [/catch_all]
+  check(rethrown, "a cancelled collective throws what only catch (...) sees");
+
   // [timeout_error]
   try {
     strategy.run([](auto& ctx) {

@@ -16,7 +16,7 @@
 /// - `rt.num_replicas()` → `int`.
 /// - Execution: `rt.parallel(f)` calls `f(int replica)` once per replica, concurrently, and returns
 ///   when all have returned (`f` does not throw); `rt.cancel()` makes every pending and later
-///   `exchange`/`barrier` of this `parallel` call throw `mirror::detail::collective_cancelled`;
+///   `exchange`/`barrier` of this `parallel` call throw `mirror::detail::collective_cancelled_rethrow_me`;
 ///   `rt.in_parallel()` is true on a thread currently running an `f`.
 /// - Control plane (called by every replica in the same order): `rt.exchange(self, payload)` is an
 ///   all-gather of a small trivially copyable value (at most `max_exchange_bytes`) and a barrier;
@@ -63,9 +63,12 @@
 namespace mirror {
 namespace detail {
 
-/// Thrown by `exchange`/`barrier` of a cancelled collective: another replica failed first.
-/// Never escapes `Strategy::run` (the first replica's own error is reported instead).
-struct collective_cancelled {};
+/// Thrown by `exchange`/`barrier` of a cancelled collective: another replica failed first, and
+/// its error is the one `Strategy::run` reports. Not a `std::exception`, so that only a
+/// `catch (...)` in `fn` can catch it, and the name says what such a handler must do with it:
+/// rethrow it (`throw;`). Swallowed, it does not resume the run's collectives (every later one
+/// throws it again), and `run` still reports the other replica's error (docs/errors.md).
+struct collective_cancelled_rethrow_me {};
 
 struct probe_payload {
   int value;

@@ -44,6 +44,22 @@ struct call_name {
 call_name to_string(collective_kind k, int param) noexcept;
 #endif
 
+/// Where a replica is in its fn: its collective number (1 for the first collective it called in
+/// this run, as the user wrote them), and which collective that is. ReplicaContext sets it on the
+/// replica's thread as each collective starts; the errors raised inside a collective (timeouts,
+/// cross-worker failures), built on that thread, read it to name the collective the same way the
+/// agreement check's shape_error does ("collective #3 (all_reduce(sum))").
+struct collective_position {
+  std::uint64_t sequence = 0;  // 0: not in a collective of fn (Strategy::reduce, save, ...)
+  collective_kind kind = collective_kind::all_reduce;
+  int param = 0;
+};
+inline thread_local collective_position current_position{};
+
+/// "collective #3 (all_reduce(sum))" for the calling thread's position, or `otherwise` when the
+/// thread is not in a collective of fn.
+MIRROR_DETAIL_INLINE message describe_position(const char* otherwise);
+
 /// A leaf size that any size matches (resizable leaves of a broadcast take the source's size).
 inline constexpr std::size_t any_size = std::numeric_limits<std::size_t>::max();
 
@@ -114,6 +130,14 @@ inline bool same_call(const collective_check& a, const collective_check& b) noex
 }
 #else
 bool agree(const exchanged<collective_check>& cs) noexcept;
+#endif
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE message describe_position(const char* otherwise) {
+  const collective_position p = current_position;
+  if (p.sequence == 0) return format("%s", otherwise);
+  return format("collective #%llu (%s)", static_cast<unsigned long long>(p.sequence), to_string(p.kind, p.param).text);
+}
 #endif
 
 /// The message for a disagreement. Reads other replicas' frames: call it only while they wait.

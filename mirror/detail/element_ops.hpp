@@ -5,6 +5,7 @@
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <mirror/reduce_op.hpp>
 #include <mirror/detail/separate_compilation.hpp>
@@ -29,6 +30,35 @@ constexpr void require_host_element() {
                 "std::uint64_t) — convert bool or char leaves to one of them");
 }
 
+/// `min` and `max` of floating-point values are IEEE 754-2019's minimum and maximum (C23's
+/// fminimum, fmaximum; TensorFlow's reduce_min, reduce_max): a NaN operand gives a NaN, and -0 is
+/// below +0. So neither depends on the order the replicas are combined in (std::min and
+/// std::max do: std::min(NaN, 1) is NaN, std::min(1, NaN) is 1). The NaN is `a` when `a` is one,
+/// else `b`. Integers: the smaller or larger.
+template <class E>
+constexpr E minimum(E a, E b) noexcept {
+  if constexpr (std::is_floating_point_v<E>) {
+    if (a != a) return a;
+    if (b != b) return b;
+    if (a == b) return __builtin_signbit(a) ? a : b;  // +0 and -0, or one value
+    return a < b ? a : b;
+  } else {
+    return b < a ? b : a;
+  }
+}
+/// See minimum.
+template <class E>
+constexpr E maximum(E a, E b) noexcept {
+  if constexpr (std::is_floating_point_v<E>) {
+    if (a != a) return a;
+    if (b != b) return b;
+    if (a == b) return __builtin_signbit(a) ? b : a;
+    return a < b ? b : a;
+  } else {
+    return a < b ? b : a;
+  }
+}
+
 /// a `op` b, for op in {sum, mean (summed here, divided later), min, max, prod}.
 template <class E>
 constexpr E combine(ReduceOp op, E a, E b) noexcept {
@@ -36,11 +66,15 @@ constexpr E combine(ReduceOp op, E a, E b) noexcept {
     case ReduceOp::sum:
     case ReduceOp::mean: return static_cast<E>(a + b);
     case ReduceOp::prod: return static_cast<E>(a * b);
-    case ReduceOp::min: return b < a ? b : a;
-    case ReduceOp::max: return a < b ? b : a;
+    case ReduceOp::min: return minimum(a, b);
+    case ReduceOp::max: return maximum(a, b);
   }
   return a;
 }
+
+/// The integer type of E's size, whose bits a floating-point group's min and max select.
+template <class E>
+using bits_t = std::conditional_t<sizeof(E) == 4, std::int32_t, std::int64_t>;
 
 /// The type whose arithmetic the vector loops use for sums and products: for integers the
 /// unsigned one, whose wrap-around gives the bits of the scalar path's conversion back to E
@@ -58,8 +92,10 @@ using wrapping_t = typename std::conditional_t<std::is_integral_v<E>, std::make_
 /// (within 8 % either way, L1- and L2-resident, float, double, int). That loop made the vectoriser
 /// and the complete unroller work through four fully unrolled loops per element type, which cost
 /// a header-only translation unit reducing floats and doubles a tenth of its compile time; this
-/// one compiles in half the time. (min and max compare as written, so a NaN behaves as in the
-/// serial loop: `src < dst ? src : dst` keeps dst unless src is smaller.)
+/// one compiles in half the time. (Floating-point min and max select bits, so that they are
+/// minimum and maximum above: equal values take the OR (min: -0 wins) or the AND (max: +0 wins)
+/// of their bits, which are the same bits unless the values are zeros of both signs, and a NaN
+/// in dst stays, one in src replaces dst, as the comparison of anything with a NaN is false.)
 template <class E>
 void combine_into(ReduceOp op, E* __restrict dst, const E* __restrict src, std::size_t n) noexcept {
 #if defined(__GNUC__)
@@ -84,12 +120,38 @@ void combine_into(ReduceOp op, E* __restrict dst, const E* __restrict src, std::
     __builtin_memcpy(dst + i, &A, sizeof A);     \
   }                                              \
   break;
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::mean: MIRROR_DETAIL_GROUPS(u, v, u + v)
-      case ReduceOp::prod: MIRROR_DETAIL_GROUPS(u, v, u * v)
-      case ReduceOp::min: MIRROR_DETAIL_GROUPS(a, b, b < a ? b : a)
-      case ReduceOp::max: MIRROR_DETAIL_GROUPS(a, b, a < b ? b : a)
+    if constexpr (std::is_floating_point_v<E>) {
+      typedef bits_t<E> bits_group __attribute__((vector_size(16)));
+      bits_group x, y;
+      // a < b is false for a NaN operand: then y (src); a NaN in dst is kept by the last select.
+#define MIRROR_DETAIL_FLOAT_GROUPS(FIRST, EQUAL)                         \
+  for (; i < whole; i += w) {                                          \
+    __builtin_memcpy(&a, dst + i, sizeof a);                           \
+    __builtin_memcpy(&b, src + i, sizeof b);                           \
+    __builtin_memcpy(&x, &a, sizeof x);                                \
+    __builtin_memcpy(&y, &b, sizeof y);                                \
+    bits_group r = FIRST ? x : y;                                      \
+    r = a == b ? (EQUAL) : r;                                          \
+    r = a != a ? x : r;                                                \
+    __builtin_memcpy(dst + i, &r, sizeof r);                           \
+  }                                                                    \
+  break;
+      switch (op) {
+        case ReduceOp::sum:
+        case ReduceOp::mean: MIRROR_DETAIL_GROUPS(u, v, u + v)
+        case ReduceOp::prod: MIRROR_DETAIL_GROUPS(u, v, u * v)
+        case ReduceOp::min: MIRROR_DETAIL_FLOAT_GROUPS(a < b, x | y)
+        case ReduceOp::max: MIRROR_DETAIL_FLOAT_GROUPS(b < a, x & y)
+      }
+#undef MIRROR_DETAIL_FLOAT_GROUPS
+    } else {
+      switch (op) {
+        case ReduceOp::sum:
+        case ReduceOp::mean: MIRROR_DETAIL_GROUPS(u, v, u + v)
+        case ReduceOp::prod: MIRROR_DETAIL_GROUPS(u, v, u * v)
+        case ReduceOp::min: MIRROR_DETAIL_GROUPS(a, b, b < a ? b : a)
+        case ReduceOp::max: MIRROR_DETAIL_GROUPS(a, b, a < b ? b : a)
+      }
     }
 #undef MIRROR_DETAIL_GROUPS
   }

@@ -56,6 +56,19 @@ MIRROR_DETAIL_INLINE void throw_component_shape_error(const char* api, const sha
 }
 #endif
 
+/// Strategy::reduce's error for a value whose component count is not the replica count.
+[[noreturn, gnu::cold]] MIRROR_DETAIL_INLINE void throw_component_count_error(const char* api, std::size_t components,
+                                                                              int replicas, bool multi_worker);
+
+#if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE void throw_component_count_error(const char* api, std::size_t components, int replicas,
+                                                      bool multi_worker) {
+  throw shape_error(format("mirror::Strategy::%s: value has %zu components but the strategy has %d replicas%s; reduce "
+                           "a value with one component per replica (what run returns on this strategy)",
+                           api, components, replicas, multi_worker ? " in this worker" : ""));
+}
+#endif
+
 /// How reduce_components spreads its work: `run(self, bytes, body, arg)` calls body(arg, part,
 /// parts) for every part it chooses (Strategy: over its threads for large leaves; serial_parallel:
 /// once, on the calling thread). Function pointers, not a template parameter, so that the
@@ -69,9 +82,10 @@ struct parallel_ref {
 inline void run_serially(void*, std::size_t, void (*body)(void*, int, int), void* arg) { body(arg, 0, 1); }
 inline parallel_ref serial_parallel() noexcept { return {nullptr, &run_serially}; }
 
-/// dst[i] = in[0][i] op ... op in[n-1][i] for i < size (then / n for mean), split by `parallel`.
-/// `dst` and `in` hold elements of the type `e` describes: one function for every element type
-/// (only the arithmetic is compiled per type, as in ops::ChunkOwnerAllReduce).
+/// dst[i] = in[0][i] op ... op in[n-1][i] for i < size, split by `parallel`. `op` is sum, min,
+/// max or prod: callers reduce a mean as a sum and divide once they have every worker's part
+/// (detail::cross_op). `dst` and `in` hold elements of the type `e` describes: one function for
+/// every element type (only the arithmetic is compiled per type, as in ops::ChunkOwnerAllReduce).
 MIRROR_DETAIL_INLINE void reduce_leaf(ReduceOp op, void* dst, std::size_t size, const void* const* in,
                                       std::size_t n, parallel_ref parallel, const element_kernels& e);
 
@@ -91,13 +105,14 @@ MIRROR_DETAIL_INLINE void reduce_leaf(ReduceOp op, void* dst, std::size_t size, 
       [](void* p, int part, int parts) {
         const job& w = *static_cast<const job*>(p);
         const std::size_t bytes = w.e->size;
-        const auto [a, b] = chunk_of(0, w.size, part, parts, bytes);
+        // (Not a structured binding: clang before 16 cannot capture one in the lambda below.)
+        const auto range = chunk_of(0, w.size, part, parts, bytes);
+        const std::size_t a = range.first, b = range.second;
         if (a >= b) return;
         const auto component = [&](std::size_t r) { return static_cast<const unsigned char*>(w.in[r]) + a * bytes; };
         unsigned char* const out = w.dst + a * bytes;
         std::memmove(out, component(0), (b - a) * bytes);
         for (std::size_t r = 1; r < w.n; ++r) w.e->combine(w.op, out, component(r), b - a);
-        if (w.op == ReduceOp::mean) w.e->divide(out, b - a, w.n);
       },
       &j);
 }
@@ -140,7 +155,8 @@ MIRROR_DETAIL_INLINE void check_leaf_sizes(const std::size_t* sizes, std::size_t
 }
 #endif
 
-/// out = the element-wise reduction of the components (out starts as a copy of component 0).
+/// out = the element-wise reduction of the components (out starts as a copy of component 0);
+/// `op` as for reduce_leaf (no mean).
 /// Each part of `parallel` reduces its slice of every leaf in replica order, so the result does
 /// not depend on the split. The shapes are checked on the sizes gathered with the leaves (one
 /// walk of each component, not a second walk of component pairs).

@@ -43,7 +43,8 @@ constexpr element_kind element_kind_of() noexcept {
 /// `run`). A disagreement that the group can detect (sizes, element types, ops) is a
 /// `shape_error` on every worker; a worker that does not arrive within the timeout is a
 /// `timeout_error` on every waiting worker naming its replicas; a failure reported by another
-/// worker (`report_failure`) ends every pending and later collective with `replica_error`.
+/// worker (`report_failure`) ends every pending and later collective of that run with
+/// `replica_error`.
 class worker_group {
  public:
   virtual ~worker_group() = default;
@@ -75,11 +76,31 @@ class worker_group {
   /// `bytes` bytes from worker `root` to every worker (same `bytes` everywhere).
   virtual void broadcast(void* data, std::size_t bytes, int root, const char* what) = 0;
 
+  /// Called by `Strategy::run` as each run starts and as it ends, on every worker alike: a failure
+  /// belongs to the run it ended, and the collectives after that run (the next run's, a
+  /// `reduce`'s) are told from the failed run's, which are never posted once it failed.
+  virtual void next_phase() noexcept = 0;
+
   /// Called once per failed replica function on this worker (`failure` is what it threw): tells
-  /// every other worker at once, so their pending collectives end with `replica_error` instead
-  /// of waiting for the timeout. Errors that every worker raised together (a cross-worker
-  /// shape check) are recognised and not forwarded.
+  /// every other worker at once, so their pending and later collectives of the same run end with
+  /// `replica_error` instead of waiting for the timeout; then every worker completes that run's
+  /// posted collectives, so that the next run works. Errors that every worker raised together (a
+  /// cross-worker shape check) and the failure of a run already known to have failed are
+  /// recognised and not forwarded.
   virtual void report_failure(int global_replica, const std::exception_ptr& failure) noexcept = 0;
+};
+
+/// Strategy::run's bracket of worker_group::next_phase (none in one process: `group` null).
+struct run_phases {
+  worker_group* group;
+  explicit run_phases(worker_group* g) noexcept : group(g) {
+    if (group != nullptr) group->next_phase();
+  }
+  run_phases(const run_phases&) = delete;
+  run_phases& operator=(const run_phases&) = delete;
+  ~run_phases() {
+    if (group != nullptr) group->next_phase();
+  }
 };
 
 }  // namespace mirror::detail

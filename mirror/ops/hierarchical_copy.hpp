@@ -98,7 +98,9 @@ struct HierarchicalCopy {
     constexpr std::size_t block = Rt::host_addressable ? std::max<std::size_t>(1, 8192 / sizeof(E)) : ~std::size_t{0};
     auto reduce_pack = [&](std::size_t index, std::size_t begin, std::size_t end) {
       const plan p = plan_for(index, n);
-      const auto [a, b] = detail::chunk_of<E>(begin, end, self, n);
+      // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
+      const auto range = detail::chunk_of<E>(begin, end, self, n);
+      const std::size_t a = range.first, b = range.second;
       detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t v) {
         for (std::size_t i = 0; i < len;) {
           const std::size_t m = std::min(block, len - i);

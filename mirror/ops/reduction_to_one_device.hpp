@@ -57,7 +57,9 @@ struct ReductionToOneDevice {
     const auto all = c.exchange(post{s.leaves.data(), mine});
     if (n == 1) return;
     const pointer acc = all[static_cast<std::size_t>(reduce_to)].accumulator;
-    const auto [a, b] = detail::chunk_of<E>(0, s.total, self, n);
+    // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
+    const auto range = detail::chunk_of<E>(0, s.total, self, n);
+    const std::size_t a = range.first, b = range.second;
     // On host memory, go block by block through one reused block of this replica's part of
     // the accumulator: it stays in L1 while the leaves stream past (one pass over memory
     // instead of four; the same operations per element, so the same bits).

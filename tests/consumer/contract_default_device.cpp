@@ -10,6 +10,7 @@
 #include <mirror/mirror.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -33,6 +34,15 @@ void exercise(S& s, const char* name) {
   check(sum == std::vector<float>{float(n * (n - 1) / 2), float(n)}, std::string(name) + ": reduce(sum) of ids");
   auto synced = s.run([](auto& ctx) { return ctx.all_reduce(mirror::ReduceOp::max, ctx.replica_id_in_sync_group()); });
   for (const int v : synced) check(v == n - 1, std::string(name) + ": all_reduce(max) of ids");
+  // A checkpoint round trip: mirror::save and mirror::restore need zlib (crc32), which the
+  // consumer gets from mirror.pc or the CMake package, not by naming it.
+  auto v = s.make_variable(std::vector<float>{1.5f, -2.0f}, mirror::VariableAggregation::mean);
+  const auto path = std::filesystem::temp_directory_path() / ("mirror_contract_default_device_" + std::to_string(n) + ".ckpt");
+  mirror::save(s, path, v);
+  v.assign(std::vector<float>{0.f, 0.f});
+  mirror::restore(s, path, v);
+  check(v.value() == std::vector<float>{1.5f, -2.0f}, std::string(name) + ": save / restore");
+  std::filesystem::remove(path);
 }
 }  // namespace
 

@@ -2,6 +2,7 @@
 // devices::Cuda on a real GPU: device leaves reduced in place, errors, NCCL's refusal, and
 // thrust::device_vector leaves from a file nvcc compiled with mirror (gpu/thrust_leaves.cu).
 #include <catch2/catch.hpp>
+#include "support/matchers.hpp"
 #include <cuda_runtime_api.h>  // pinned and device memory for the staging cases
 #include <atomic>
 #include <cstdint>
@@ -99,16 +100,14 @@ TEST_CASE("cuda: a replica that skips a collective is named in a timeout_error",
 }
 
 TEST_CASE("cuda: a GPU that does not exist is an invalid_argument naming it", "[cuda][device]") {
-  REQUIRE_THROWS_WITH((mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice>{{.gpus = {4096}}}),
-                      Catch::Contains("GPU 4096 does not exist"));
+  REQUIRE_THROWS_MATCHES((mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice>{{.gpus = {4096}}}), std::invalid_argument, mirror::test::what(Catch::Contains("GPU 4096 does not exist")));
 }
 
 #if MIRROR_HAS_NCCL
 TEST_CASE("cuda: NcclAllReduce refuses several replicas on one GPU and names the policies that work",
           "[cuda][nccl_all_reduce]") {
   using S = mirror::Strategy<mirror::devices::Cuda, mirror::ops::NcclAllReduce>;
-  REQUIRE_THROWS_WITH((S{{.gpus = {0}, .replicas_per_gpu = 2}}),
-                      Catch::Contains("ReductionToOneDevice") && Catch::Contains("HierarchicalCopy"));
+  REQUIRE_THROWS_MATCHES((S{{.gpus = {0}, .replicas_per_gpu = 2}}), std::invalid_argument, mirror::test::what(Catch::Contains("ReductionToOneDevice") && Catch::Contains("HierarchicalCopy")));
 }
 
 TEST_CASE("cuda: NcclAllReduce on every GPU reduces device leaves in place", "[cuda][nccl_all_reduce]") {

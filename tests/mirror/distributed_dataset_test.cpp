@@ -3,6 +3,7 @@
 // batches, 2-D leaves, nests, prefetch, and distribute_datasets_from_function.
 
 #include <catch2/catch.hpp>
+#include "support/matchers.hpp"
 #include <numeric>
 #include <ranges>
 #include <stdexcept>
@@ -100,8 +101,28 @@ TEST_CASE("2-D leaves split by rows; nests keep their structure", "[input][matri
 TEST_CASE("leaves of one batch with different row counts are a shape_error", "[input][errors]") {
   S s{{.replicas = 2}};
   const std::vector<std::pair<std::vector<int>, std::vector<int>>> bad{{iota(4), iota(3)}};
-  REQUIRE_THROWS_WITH([&] { for (const auto& p : s.distribute_dataset(bad)) (void)p; }(),
-                      Catch::Contains("has 3 rows but leaf 0 has 4"));
+  REQUIRE_THROWS_MATCHES([&] { for (const auto& p : s.distribute_dataset(bad)) (void)p; }(), mirror::shape_error, mirror::test::what(Catch::Contains("has 3 rows but leaf 0 has 4")));
+}
+
+TEST_CASE("a matrix whose element count is not a multiple of its columns is a shape_error", "[input][matrix][errors]") {
+  // Issue 33: 10 floats in 3 columns silently lost the 10th element. Rejected where it is first
+  // used as a batch, naming both sizes; a matrix with no columns cannot hold elements either.
+  S s{{.replicas = 2}};
+  auto split_all = [&](const auto& batches) {
+    for (const auto& p : s.distribute_dataset(batches)) (void)p;
+  };
+  const std::vector<mirror::matrix<float>> ten{{std::vector<float>(10, 1.0f), 3}};
+  REQUIRE_THROWS_AS(split_all(ten), mirror::shape_error);
+  REQUIRE_THROWS_MATCHES(split_all(ten), mirror::shape_error, mirror::test::what(Catch::Contains("10 elements") && Catch::Contains("3 columns")));
+  const std::vector<float> pixels(10, 2.0f);
+  const std::vector<std::tuple<std::vector<int>, mirror::matrix_view<const float>>> views{
+      {iota(3), mirror::matrix_view<const float>{pixels, 3}}};
+  REQUIRE_THROWS_MATCHES(split_all(views), mirror::shape_error, mirror::test::what(Catch::Contains("leaf 1") && Catch::Contains("10 elements")));
+  const std::vector<mirror::matrix<float>> no_columns{{std::vector<float>(4, 1.0f), 0}};
+  REQUIRE_THROWS_AS(split_all(no_columns), mirror::shape_error);
+  // Whole rows still split as before: 9 floats in 3 columns are 3 rows, 2 and 1.
+  const std::vector<mirror::matrix<float>> nine{{std::vector<float>(9, 1.0f), 3}};
+  for (const auto& p : s.distribute_dataset(nine)) REQUIRE((p[0].rows() == 2 && p[1].rows() == 1));
 }
 
 TEST_CASE("prefetch gives the same batches, also from a lazy range, and passes its errors on", "[input][prefetch]") {
@@ -123,8 +144,7 @@ TEST_CASE("prefetch gives the same batches, also from a lazy range, and passes i
                    return iota(2);
                  });
   int steps = 0;
-  REQUIRE_THROWS_WITH([&] { for (const auto& p : s.distribute_dataset(failing, {.prefetch = 1})) { (void)p; ++steps; } }(),
-                      "reader failed");
+  REQUIRE_THROWS_MATCHES([&] { for (const auto& p : s.distribute_dataset(failing, {.prefetch = 1})) { (void)p; ++steps; } }(), std::runtime_error, mirror::test::what("reader failed"));
   REQUIRE(steps == 3);
   REQUIRE_THROWS_AS(s.distribute_dataset(lazy, {.prefetch = -1}), std::invalid_argument);
 }
@@ -152,7 +172,7 @@ TEST_CASE("distribute_datasets_from_function: one call, replicas dequeue in orde
 TEST_CASE("InputContext::get_per_replica_batch_size", "[input][input_context]") {
   const mirror::InputContext ctx{1, 0, 4};
   REQUIRE(ctx.get_per_replica_batch_size(64) == 16);
-  REQUIRE_THROWS_WITH(ctx.get_per_replica_batch_size(10), Catch::Contains("not divisible by num_replicas_in_sync = 4"));
+  REQUIRE_THROWS_MATCHES(ctx.get_per_replica_batch_size(10), std::invalid_argument, mirror::test::what(Catch::Contains("not divisible by num_replicas_in_sync = 4")));
   REQUIRE(mirror::InputContext{} == mirror::InputContext{1, 0, 1});
 }
 

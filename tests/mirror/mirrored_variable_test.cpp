@@ -3,6 +3,7 @@
 // fix for aggregation none, and nothing half-applied on a rejected update.
 
 #include <catch2/catch.hpp>
+#include "support/matchers.hpp"
 #include <vector>
 #include <mirror/mirror.hpp>
 
@@ -68,8 +69,7 @@ TEST_CASE("aggregation none rejects replica-context updates on every replica and
   // TF (>= 2.4) silently updates only the local copy, which breaks the mirror invariant.
   S s{{.replicas = 3}};
   auto v = s.make_variable(std::vector<float>{5, 5});
-  REQUIRE_THROWS_WITH(s.run([](auto& ctx, auto& var) { var.assign_add({float(ctx.replica_id_in_sync_group()), 0}); }, v),
-                      Catch::Contains("aggregation is none") && Catch::Contains("VariableAggregation::sum"));
+  REQUIRE_THROWS_MATCHES(s.run([](auto& ctx, auto& var) { var.assign_add({float(ctx.replica_id_in_sync_group()), 0}); }, v), mirror::aggregation_error, mirror::test::what(Catch::Contains("aggregation is none") && Catch::Contains("VariableAggregation::sum")));
   require_all_copies(v, {5, 5});
   // cross-replica updates are fine with none
   v.assign_add({1, 2});
@@ -131,6 +131,6 @@ TEST_CASE("update(fn, synced...) applies one update to every copy without commun
 TEST_CASE("a variable made by another strategy is rejected before any replica runs", "[variables][errors]") {
   S three{{.replicas = 3}}, two{{.replicas = 2}};
   auto v = three.make_variable(1.0f, VariableAggregation::sum);
-  REQUIRE_THROWS_WITH(two.run([](auto&, auto& var) { var.assign_add(1.0f); }, v), Catch::Contains("3 components"));
+  REQUIRE_THROWS_MATCHES(two.run([](auto&, auto& var) { var.assign_add(1.0f); }, v), mirror::shape_error, mirror::test::what(Catch::Contains("3 components")));
   require_all_copies(v, 1.0f);
 }

@@ -4,8 +4,10 @@
 #include <boost/hana/define_struct.hpp>
 #include <boost/hana/tuple.hpp>
 #include <catch2/catch.hpp>
+#include "support/matchers.hpp"
 #include <atomic>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 #include <mirror/mirror.hpp>
 
@@ -55,14 +57,13 @@ TEST_CASE("all_reduce walks every nest kind (3 levels) and returns the nest's ty
 
 TEST_CASE("replicas calling different collectives get a shape_error naming both", "[replica_context][errors]") {
   S s{{.replicas = 2}};
-  REQUIRE_THROWS_WITH(s.run([](auto& ctx) {
+  REQUIRE_THROWS_MATCHES(s.run([](auto& ctx) {
     if (ctx.replica_id_in_sync_group() == 0) {
       ctx.all_reduce(ReduceOp::sum, 1);
     } else {
       ctx.broadcast(1);
     }
-  }),
-                      Catch::Contains("replica 0 called all_reduce(sum) but replica 1 called broadcast(from = 0)"));
+  }), mirror::shape_error, mirror::test::what(Catch::Contains("replica 0 called all_reduce(sum) but replica 1 called broadcast(from = 0)")));
 }
 
 TEST_CASE("broadcast checks its source", "[replica_context][broadcast]") {
@@ -112,10 +113,35 @@ TEST_CASE("merge_call runs once with every replica's arguments and gives all the
 
 TEST_CASE("an exception in a merge function reaches the caller and the strategy stays usable", "[replica_context][merge_call][errors]") {
   S s{{.replicas = 3}};
-  REQUIRE_THROWS_WITH(s.run([](auto& ctx) {
+  REQUIRE_THROWS_MATCHES(s.run([](auto& ctx) {
     return ctx.merge_call([](S&, mirror::PerReplica<int>) -> int { throw std::domain_error("merge failed"); }, 1);
-  }),
-                      Catch::Contains("replica 0 threw: merge failed"));
+  }), mirror::replica_error, mirror::test::what(Catch::Contains("replica 0 threw: merge failed")));
   const auto ok = s.run([](auto& ctx) { return ctx.merge_call([](S& st, mirror::PerReplica<int> v) { return st.reduce(ReduceOp::sum, v); }, 2); });
   REQUIRE(ok.primary() == 6);
+}
+
+TEST_CASE("collectives are matched by their position in fn: swapped calls of the same shape are a shape_error",
+          "[replica_context][errors]") {
+  // The agreement check compares each collective's number in fn, not only its kind, op, nest
+  // and sizes. An all_reduce of an empty nest moves nothing and waits for no one, but it is a
+  // collective: replica 0 calls it first and replica 1 second, so their all_reduce of a float
+  // is collective #2 on replica 0 and #1 on replica 1, alike in every other way.
+  S s{{.replicas = 2}};
+  REQUIRE_THROWS_AS(s.run([](auto& ctx) {
+    if (ctx.replica_id_in_sync_group() == 0) ctx.all_reduce(ReduceOp::sum, std::tuple<>{});
+    ctx.all_reduce(ReduceOp::sum, 1.0f);
+    if (ctx.replica_id_in_sync_group() == 1) ctx.all_reduce(ReduceOp::sum, std::tuple<>{});
+  }),
+                    mirror::shape_error);
+  REQUIRE_THROWS_MATCHES(s.run([](auto& ctx) {
+    if (ctx.replica_id_in_sync_group() == 0) ctx.all_reduce(ReduceOp::sum, std::tuple<>{});
+    ctx.all_reduce(ReduceOp::sum, 1.0f);
+    if (ctx.replica_id_in_sync_group() == 1) ctx.all_reduce(ReduceOp::sum, std::tuple<>{});
+  }), mirror::shape_error, mirror::test::what(Catch::Contains("collective #2") && Catch::Contains("its collective #1")));
+  // In the same positions they agree.
+  const auto ok = s.run([](auto& ctx) {
+    ctx.all_reduce(ReduceOp::sum, std::tuple<>{});
+    return ctx.all_reduce(ReduceOp::sum, 1.0f);
+  });
+  REQUIRE(ok.primary() == 2.0f);
 }

@@ -4,6 +4,7 @@
 
 #include <boost/hana/tuple.hpp>
 #include <catch2/catch.hpp>
+#include "support/matchers.hpp"
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -76,8 +77,7 @@ TEST_CASE("run rejects a PerReplica argument of the wrong size before any replic
   S s{{.replicas = 3}};
   std::atomic<int> calls{0};
   mirror::PerReplica<int> two({1, 2});
-  REQUIRE_THROWS_WITH(s.run([&](int) { ++calls; }, two),
-                      Catch::Contains("argument 0 has 2 components but the strategy has 3 replicas"));
+  REQUIRE_THROWS_MATCHES(s.run([&](int) { ++calls; }, two), mirror::shape_error, mirror::test::what(Catch::Contains("argument 0 has 2 components but the strategy has 3 replicas")));
   REQUIRE(calls == 0);
 }
 
@@ -96,10 +96,9 @@ TEST_CASE("run reports the lowest failing replica and keeps mirror errors as the
     }
   }
   SECTION("a non-std exception") {
-    REQUIRE_THROWS_WITH(s.run([](auto& ctx) {
+    REQUIRE_THROWS_MATCHES(s.run([](auto& ctx) {
       if (ctx.replica_id_in_sync_group() == 3) throw 42;
-    }),
-                        Catch::Contains("not derived from std::exception"));
+    }), mirror::replica_error, mirror::test::what(Catch::Contains("not derived from std::exception")));
   }
   SECTION("a mirror::error thrown in fn reaches the caller as itself") {
     REQUIRE_THROWS_AS(s.run([](auto& ctx) {
@@ -206,7 +205,7 @@ TEST_CASE("PerReplica and Mirrored copy, move and assign their components", "[st
     REQUIRE(fragile::alive == 12);
     // The third copy throws: the two already made are destroyed, the target is unchanged.
     fragile::budget = 2;
-    REQUIRE_THROWS_WITH(copy = original, "copy failed");
+    REQUIRE_THROWS_MATCHES(copy = original, std::runtime_error, mirror::test::what("copy failed"));
     fragile::budget = 1 << 30;
     REQUIRE(fragile::alive == 12);
     REQUIRE(copy.size() == 4);
@@ -238,7 +237,7 @@ TEST_CASE("run's results keep their alignment, and fn may return a reference", "
 
 TEST_CASE("run does not nest, and concurrent runs are serialised", "[strategy][run]") {
   S s{{.replicas = 2}};
-  REQUIRE_THROWS_WITH(s.run([&] { s.run([] {}); }), Catch::Contains("runs do not nest"));
+  REQUIRE_THROWS_MATCHES(s.run([&] { s.run([] {}); }), mirror::error, mirror::test::what(Catch::Contains("runs do not nest")));
   std::vector<std::thread> users;
   std::atomic<int> wrong{0};
   for (int t = 0; t < 4; ++t) {
@@ -254,9 +253,9 @@ TEST_CASE("run does not nest, and concurrent runs are serialised", "[strategy][r
 }
 
 TEST_CASE("construction checks the device and ops settings", "[strategy][errors]") {
-  REQUIRE_THROWS_WITH((S{{.replicas = 0}}), Catch::Contains("replicas must be >= 1"));
+  REQUIRE_THROWS_MATCHES((S{{.replicas = 0}}), std::invalid_argument, mirror::test::what(Catch::Contains("replicas must be >= 1")));
   using R1 = mirror::Strategy<Threads, mirror::ops::ReductionToOneDevice>;
-  REQUIRE_THROWS_WITH((R1{{.replicas = 4}, {.reduce_to = 4}}), Catch::Contains("reduce_to must be in 0..3"));
+  REQUIRE_THROWS_MATCHES((R1{{.replicas = 4}, {.reduce_to = 4}}), std::invalid_argument, mirror::test::what(Catch::Contains("reduce_to must be in 0..3")));
   REQUIRE_NOTHROW(R1{{.replicas = 4}, {.reduce_to = 3}});
 }
 
@@ -283,14 +282,34 @@ TEST_CASE("reduce: mean keeps the element type, shapes must match", "[strategy][
   const mirror::PerReplica<double> d({1, 2, 2, 2});
   REQUIRE(s.reduce(ReduceOp::mean, d) == 1.75);
   const mirror::PerReplica<std::vector<float>> ragged({{1, 2}, {1, 2}, {1, 2, 3}, {1, 2}});
-  REQUIRE_THROWS_WITH(s.reduce(ReduceOp::sum, ragged), Catch::Contains("3 elements on replica 2 but 2 on replica 0"));
+  REQUIRE_THROWS_MATCHES(s.reduce(ReduceOp::sum, ragged), mirror::shape_error, mirror::test::what(Catch::Contains("3 elements on replica 2 but 2 on replica 0")));
   // In a nest: the first differing leaf of the lowest replica, by position and type.
   using Nest = std::tuple<std::vector<float>, std::pair<int, std::vector<double>>>;
   const mirror::PerReplica<Nest> nests({Nest{{1}, {1, {1, 2}}}, Nest{{1}, {1, {1}}}, Nest{{1, 2}, {1, {1, 2}}},
                                         Nest{{1}, {1, {1, 2}}}});
-  REQUIRE_THROWS_WITH(s.reduce(ReduceOp::sum, nests),
-                      Catch::Contains("shape mismatch at leaf 2 (std::vector<double") &&
-                          Catch::Contains("1 elements on replica 1 but 2 on replica 0"));
+  REQUIRE_THROWS_MATCHES(s.reduce(ReduceOp::sum, nests), mirror::shape_error, mirror::test::what(Catch::Contains("shape mismatch at leaf 2 (std::vector<double") &&
+                          Catch::Contains("1 elements on replica 1 but 2 on replica 0")));
+}
+
+TEST_CASE("reduce rejects a value whose component count is not the replica count", "[strategy][reduce][errors]") {
+  // Issue 33: no components was a segmentation fault, and four components on three replicas
+  // reduced them all; run rejects both, and reduce must too, naming both counts.
+  S s{{.replicas = 3}};
+  const mirror::PerReplica<int> none(std::vector<int>{});
+  const mirror::PerReplica<int> four({1, 2, 3, 4});
+  const mirror::PerReplica<std::vector<double>> batches({{1.0}, {2.0}, {3.0}, {4.0}});
+  REQUIRE_THROWS_AS(s.reduce(ReduceOp::sum, none), mirror::shape_error);
+  REQUIRE_THROWS_AS(s.reduce(ReduceOp::sum, four), mirror::shape_error);
+  REQUIRE_THROWS_AS(s.reduce(ReduceOp::sum, batches, mirror::axis0), mirror::shape_error);
+  REQUIRE_THROWS_AS(s.reduce(ReduceOp::mean, mirror::PerReplica<std::vector<double>>(std::vector<std::vector<double>>{}),
+                             mirror::axis0),
+                    mirror::shape_error);
+  REQUIRE_THROWS_MATCHES(s.reduce(ReduceOp::sum, none), mirror::shape_error, mirror::test::what(Catch::Contains("value has 0 components") &&
+                                                         Catch::Contains("the strategy has 3 replicas")));
+  REQUIRE_THROWS_MATCHES(s.reduce(ReduceOp::max, four), mirror::shape_error, mirror::test::what(Catch::Contains("value has 4 components") &&
+                                                         Catch::Contains("the strategy has 3 replicas")));
+  REQUIRE_THROWS_MATCHES(s.reduce(ReduceOp::sum, batches, mirror::axis0), mirror::shape_error, mirror::test::what(Catch::Contains("reduce(op, value, axis0)") && Catch::Contains("4 components")));
+  REQUIRE(s.reduce(ReduceOp::sum, mirror::PerReplica<int>({1, 2, 3})) == 6);  // the right count still works
 }
 
 TEST_CASE("reduce with axis0 reduces the batch dimension too", "[strategy][reduce][axis0]") {

@@ -2,6 +2,7 @@
 // mirror/sync_on_read_variable.hpp: TF's ON_READ rules (tf_semantics.md 1.10).
 
 #include <catch2/catch.hpp>
+#include "support/matchers.hpp"
 #include <vector>
 #include <mirror/mirror.hpp>
 
@@ -44,12 +45,28 @@ TEST_CASE("cross-replica assign of a sum variable stores v / N in each copy", "[
   REQUIRE(mean.value() == std::vector<float>{3, 5});
 }
 
+TEST_CASE("cross-replica assign divides by N for sum only; every other aggregation stores v in each copy",
+          "[variables][sync_on_read]") {
+  // tf_semantics.md 1.10: only a SUM variable's copies hold v / N (so that its read gives v).
+  S s{{.replicas = 4}};
+  for (const auto aggregation : {VariableAggregation::none, VariableAggregation::mean,
+                                 VariableAggregation::only_first_replica, VariableAggregation::sum}) {
+    CAPTURE(static_cast<int>(aggregation));
+    auto v = s.make_sync_on_read_variable(std::vector<double>{0, 0}, aggregation);
+    v.assign({8, -2});
+    const std::vector<double> each =
+        aggregation == VariableAggregation::sum ? std::vector<double>{2, -0.5} : std::vector<double>{8, -2};
+    for (const auto& c : S::local_results(v)) REQUIRE(c == each);
+    if (aggregation != VariableAggregation::none) REQUIRE(v.value() == std::vector<double>{8, -2});
+  }
+}
+
 TEST_CASE("sync-on-read errors follow TF", "[variables][sync_on_read][errors]") {
   S s{{.replicas = 3}};
   auto none = s.make_sync_on_read_variable(1, VariableAggregation::none);
   REQUIRE_THROWS_AS(none.value(), mirror::aggregation_error);
   auto sum = s.make_sync_on_read_variable(1, VariableAggregation::sum);
-  REQUIRE_THROWS_WITH(sum.assign_add(1), Catch::Contains("assign_add") && Catch::Contains("sum"));
+  REQUIRE_THROWS_MATCHES(sum.assign_add(1), mirror::aggregation_error, mirror::test::what(Catch::Contains("assign_add") && Catch::Contains("sum")));
   REQUIRE(sum.value() == 3);  // unchanged
   auto metric = s.make_sync_on_read_variable(std::vector<int>{0, 0}, VariableAggregation::sum);
   REQUIRE_THROWS_AS(metric.assign({1}), mirror::shape_error);

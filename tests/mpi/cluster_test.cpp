@@ -383,6 +383,61 @@ TEST_CASE("cluster: TF's CollectiveOpsTest numbers (2 processes x 2 replicas; ge
   CHECK(std::get<3>(all).primary() == std::pair(1.0, 2.0));
 }
 
+TEMPLATE_TEST_CASE("cluster: min and max across workers: a NaN on any replica gives NaN, -0 is below +0", "[mpi][min_max]",
+                   float, double) {
+  // The same rule as in one process (mirror/reduce_op.hpp), whichever worker holds the NaN or the
+  // zero of either sign: checked against std::fmin, std::fmax, std::isnan and std::signbit, for
+  // ctx.all_reduce (the hierarchical cross step, both bit orders) and Strategy::reduce.
+  using E = TestType;
+  const int W = world_size(), w = world_rank(), R = 2, N = W * R;
+  for (const bool deterministic : {false, true}) {
+    using Ops = mirror::default_ops_t<Cluster>;
+    drop_shared_strategy();
+    Strategy s(Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30)},
+               Ops{.cross = {.deterministic = deterministic}});
+    const E nan = std::numeric_limits<E>::quiet_NaN();
+    // Element k: a NaN on global replica k % N (k < N), zeros of both signs spread over the
+    // replicas (k in [N, 2N)), or ordinary values.
+    const std::size_t n = 3 * static_cast<std::size_t>(N);
+    auto input = [&](int g) {
+      std::vector<E> v(n);
+      for (std::size_t k = 0; k < n; ++k) {
+        if (k < static_cast<std::size_t>(N)) {
+          v[k] = static_cast<int>(k) == g ? nan : E(g) - E(1.5);
+        } else if (k < 2 * static_cast<std::size_t>(N)) {
+          v[k] = (static_cast<int>(k) + g) % 3 == 0 ? E(-0.0) : E(0.0);
+        } else {
+          v[k] = E((g * 7 + static_cast<int>(k)) % 5) - E(2);
+        }
+      }
+      return v;
+    };
+    for (const auto op : {ReduceOp::min, ReduceOp::max}) {
+      CAPTURE(deterministic, mirror::to_string(op));
+      const auto out = s.run([&](auto& ctx) { return ctx.all_reduce(op, input(ctx.replica_id_in_sync_group())); });
+      std::vector<std::vector<E>> mine;
+      for (int r = 0; r < R; ++r) mine.push_back(input(w * R + r));
+      const std::vector<E> host = s.reduce(op, mirror::PerReplica<std::vector<E>>(mine));
+      for (std::size_t k = 0; k < n; ++k) {
+        bool any_nan = false, negative_zero = false, positive_zero = false;
+        E want = op == ReduceOp::min ? std::numeric_limits<E>::infinity() : -std::numeric_limits<E>::infinity();
+        for (int g = 0; g < N; ++g) {
+          const E x = input(g)[k];
+          any_nan = any_nan || std::isnan(x);
+          if (x == 0) (std::signbit(x) ? negative_zero : positive_zero) = true;
+          want = op == ReduceOp::min ? std::fmin(want, x) : std::fmax(want, x);
+        }
+        if (want == 0) want = (op == ReduceOp::min ? negative_zero : !positive_zero) ? E(-0.0) : E(0.0);
+        auto same = [&](E got) { return any_nan ? std::isnan(got) : (got == want && std::signbit(got) == std::signbit(want)); };
+        CAPTURE(k);
+        for (const auto& copy : out) REQUIRE(same(copy[k]));
+        REQUIRE(same(host[k]));
+      }
+    }
+  }
+  drop_shared_strategy();
+}
+
 TEST_CASE("cluster: reduce of a Mirrored value counts W*R copies (TF's host path counts W)", "[mpi]") {
   const int W = world_size();
   // testReduceHostTensor, 2 workers x 1: reduce(SUM, 1.0) -> 2.0 (W): equal to TF with R = 1.
