@@ -53,6 +53,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument('--out', required=True)
     p.add_argument('--run-sh', required=True)
+    p.add_argument('--script', action='append', default=[], help='a script to carry beside run.sh')
     p.add_argument('--data')
     p.add_argument('--run', action='store_true')
     p.add_argument('programs', nargs='+')
@@ -71,6 +72,10 @@ def main():
     run_sh = os.path.join(out, 'run.sh')
     shutil.copy2(a.run_sh, run_sh)
     os.chmod(run_sh, os.stat(run_sh).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    scripts = {'run.sh'}
+    for src in a.script:
+        shutil.copy2(src, os.path.join(out, os.path.basename(src)))
+        scripts.add(os.path.basename(src))
 
     total = 0
     glibc = []
@@ -78,7 +83,7 @@ def main():
         path = os.path.join(out, name)
         size = os.path.getsize(path)
         total += size
-        if name == 'run.sh':
+        if name in scripts:
             print(f'  {name:40s} {size / 2**20:6.2f} MiB')
             continue
         needed, runpath = dynamic(path)

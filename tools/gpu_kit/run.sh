@@ -7,7 +7,8 @@
 # Prints nvidia-smi and the versions found, then runs, each under its own time limit: every GPU
 # test (Catch2; one line per test case with its result), the trainer (examples/fashion_mnist
 # --device cuda: test_accuracy must reach 0.88), the all-reduce benchmark (a fixed time budget)
-# and compute-sanitizer's memcheck over part of a conformance suite. OUTDIR receives few files
+# the same MLP in PyTorch when python3 has torch (bench/fashion_mnist_torch.py), and
+# compute-sanitizer: memcheck over every test program, racecheck and synccheck over part of one. OUTDIR receives few files
 # (a device check returns at most 8): summary.txt, versions.txt, tests.log, trainer.log,
 # bench.txt, sanitizer.log. Exit status 0 when nothing failed (skips included), 1 otherwise.
 #
@@ -144,7 +145,7 @@ for t in "${TESTS[@]}"; do
   exe=$KIT/${t}_test
   [[ -x $exe ]] || { say "  SKIP $t: not in this kit (built without NCCL?)"; SKIPPED=$((SKIPPED + 1)); continue; }
   xml=$OUTDIR/$t.xml.tmp
-  secs=$(limit 100 110)  # kept back: a trainer run, the benchmark, the sanitizer
+  secs=$(limit 100 200)  # kept back: a trainer run, the benchmark, the sanitizer
   ((secs > 0)) || { no_time "$t"; continue; }
   start=$SECONDS
   timeout --kill-after=10 "$secs" "$exe" -r xml -d yes >"$xml" 2>"$OUTDIR/$t.err.tmp"
@@ -196,7 +197,7 @@ else
   # The defaults (10 epochs, 2 replicas on one GPU: ReductionToOneDevice), one replica per GPU
   # (NcclAllReduce), and 4 replicas with HierarchicalCopy: each must reach the CPU trainer's 0.88.
   for args in "" "--replicas 1" "--replicas 4 --policy hierarchical_copy"; do
-    secs=$(limit 75 60)  # kept back: the benchmark, the sanitizer
+    secs=$(limit 75 150)  # kept back: the benchmark, the sanitizer
     ((secs > 0)) || { no_time "fashion_mnist --device cuda${args:+ $args}"; continue; }
     start=$SECONDS
     # shellcheck disable=SC2086
@@ -219,9 +220,41 @@ else
   rm -f "$OUTDIR/run.tmp"
 fi
 
+# ---- the same MLP in PyTorch on the same GPU (a peer for the trainer's samples/s) ----
+say "peer (bench/fashion_mnist_torch.py: the same MLP, optimiser and batch in PyTorch):"
+if [[ $HAVE_GPU -eq 0 ]]; then
+  say "  SKIP fashion_mnist_torch: no CUDA device"
+  SKIPPED=$((SKIPPED + 1))
+elif [[ -z $PY || ! -f $KIT/fashion_mnist_torch.py || -z $DATA ]]; then
+  say "  SKIP fashion_mnist_torch: needs python3, the script beside run.sh and the data set"
+  SKIPPED=$((SKIPPED + 1))
+elif (($(limit 45 150) == 0)); then
+  no_time fashion_mnist_torch
+else
+  secs=$(limit 45 150)  # kept back: the benchmark, the sanitizer
+  timeout --kill-after=10 "$secs" "$PY" "$KIT/fashion_mnist_torch.py" --data "$DATA" >"$OUTDIR/run.tmp" 2>&1
+  status=$?
+  { echo "== fashion_mnist_torch.py (exit $status)"; cat "$OUTDIR/run.tmp"; } >>"$OUTDIR/trainer.log"
+  acc=$(sed -n 's/^test_accuracy=\([0-9.]*\)$/\1/p' "$OUTDIR/run.tmp")
+  rate=$(grep '^epoch' "$OUTDIR/run.tmp" | tail -1 | sed 's/.*samples\/s //')
+  if [[ $status -eq 77 ]]; then
+    say "  SKIP fashion_mnist_torch: $(grep -m1 '^SKIP' "$OUTDIR/run.tmp" | sed 's/^SKIP: //')"
+    SKIPPED=$((SKIPPED + 1))
+  elif [[ $status -eq 0 && -n $acc ]]; then
+    say "  PASS fashion_mnist_torch: $(head -1 "$OUTDIR/run.tmp" | sed 's/^fashion_mnist_torch: //')"
+    say "       test_accuracy=$acc, last epoch $rate samples/s"
+    PASSED=$((PASSED + 1))
+  else
+    say "  FAIL fashion_mnist_torch: exit $status; see trainer.log"
+    tail -3 "$OUTDIR/run.tmp" | sed 's/^/      /' | tee -a "$SUMMARY"
+    FAILED=$((FAILED + 1))
+  fi
+  rm -f "$OUTDIR/run.tmp"
+fi
+
 # ---- the benchmark ----
 say "bench (bench/gpu/all_reduce_gpu_bench):"
-secs=$(limit 75 30)  # kept back: the sanitizer
+secs=$(limit 75 90)  # kept back: the sanitizer
 budget=$((secs > 30 ? secs - 20 : 10))
 status=0
 if ((secs > 0)); then
@@ -245,33 +278,54 @@ fi
 
 # ---- compute-sanitizer ----
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-# Part of one conformance suite: memcheck makes every kernel and copy slow, so the cases that
-# cover the kernels (every element type and op, in place and staged) rather than the whole suite.
-SANITIZED=(cuda_reduction_to_one_device_test "conformance: span leaves*" "conformance: a nest*"
-           "conformance: broadcast gives*" "conformance: an exception in one replica*")
-say "compute-sanitizer --tool memcheck (${SANITIZED[0]}, 4 test cases):"
-if [[ $HAVE_GPU -eq 0 ]]; then
-  say "  SKIP compute-sanitizer: no CUDA device"
+# memcheck (with leak checking) over every GPU test program, whole; racecheck and synccheck over
+# the conformance cases that launch every combine and divide kernel and every copy path. API
+# errors are not counted: the suites provoke some on purpose (an allocation of 2^62 bytes, a GPU
+# that does not exist), and NCCL probes kernels for other architectures at start; memory errors,
+# leaks, races and barrier misuse are what the tools are run for. Catch2 takes one test spec,
+# comma-separated; --warn NoTests makes a spec that matches nothing fail instead of passing empty.
+KERNEL_CASES='conformance: span leaves*,conformance: a nest*,conformance: broadcast gives*,conformance: an exception in one replica*'
+say "compute-sanitizer (memcheck over every test program; racecheck, synccheck over 4 conformance cases):"
+matched=$("$KIT/cuda_reduction_to_one_device_test" --list-test-names-only "$KERNEL_CASES" 2>/dev/null | grep -c '^conformance')
+if ((matched < 4)); then
+  say "  FAIL compute-sanitizer: its test spec matches $matched test cases of cuda_reduction_to_one_device_test, not 4 or more"
+  FAILED=$((FAILED + 1))
+elif [[ $HAVE_GPU -eq 0 ]]; then
+  say "  SKIP compute-sanitizer: no CUDA device (its test spec matches $matched test cases)"
   SKIPPED=$((SKIPPED + 1))
 elif [[ -z $SANITIZER ]]; then
   say "  SKIP compute-sanitizer: not found (PATH, /usr/local/cuda/bin)"
   SKIPPED=$((SKIPPED + 1))
-elif (($(limit 150 0) == 0)); then
-  no_time compute-sanitizer
 else
-  secs=$(limit 150 0)
-  timeout --kill-after=10 "$secs" "$SANITIZER" --tool memcheck --error-exitcode 99 \
-    "$KIT/${SANITIZED[0]}" "${SANITIZED[@]:1}" -r compact >"$OUTDIR/sanitizer.log" 2>&1
-  status=$?
-  summary=$(grep -m1 'ERROR SUMMARY' "$OUTDIR/sanitizer.log" | sed 's/^=* *//')
-  if [[ $status -eq 0 ]]; then
-    say "  PASS compute-sanitizer: ${summary:-no summary line}"
-    PASSED=$((PASSED + 1))
-  else
-    say "  FAIL compute-sanitizer: exit $status${summary:+, $summary}$([[ $status -eq 124 ]] && echo " (timed out after $secs s)")"
-    grep -m5 '=========.*\(Invalid\|Error\|error\)' "$OUTDIR/sanitizer.log" | sed 's/^/    /' | tee -a "$SUMMARY"
-    FAILED=$((FAILED + 1))
-  fi
+  runs=()
+  for t in "${TESTS[@]}"; do [[ -x $KIT/${t}_test ]] && runs+=("memcheck ${t}_test"); done
+  runs+=("racecheck cuda_reduction_to_one_device_test" "synccheck cuda_reduction_to_one_device_test")
+  for run in "${runs[@]}"; do
+    read -r tool exe <<<"$run"
+    secs=$(limit 90 0)
+    ((secs > 0)) || { no_time "compute-sanitizer --tool $tool $exe"; continue; }
+    spec=()
+    [[ $tool == memcheck ]] || spec=("$KERNEL_CASES")
+    extra=()
+    [[ $tool == memcheck ]] && extra=(--leak-check full)
+    echo "== compute-sanitizer --tool $tool $exe ${spec[*]}" >>"$OUTDIR/sanitizer.log"
+    start=$SECONDS
+    timeout --kill-after=10 "$secs" "$SANITIZER" --tool "$tool" "${extra[@]}" --report-api-errors no \
+      --error-exitcode 99 "$KIT/$exe" "${spec[@]}" --warn NoTests -r compact >"$OUTDIR/san.tmp" 2>&1
+    status=$?
+    cat "$OUTDIR/san.tmp" >>"$OUTDIR/sanitizer.log"
+    summary=$(grep -m1 'ERROR SUMMARY\|RACECHECK SUMMARY' "$OUTDIR/san.tmp" | sed 's/^=* *//')
+    cases=$(grep -m1 -o '[0-9]* test cases\?' "$OUTDIR/san.tmp" | tail -1)
+    if [[ $status -eq 0 ]]; then
+      say "  PASS compute-sanitizer --tool $tool $exe: ${summary:-no summary line} (${cases:-? test cases}, $((SECONDS - start)) s)"
+      PASSED=$((PASSED + 1))
+    else
+      say "  FAIL compute-sanitizer --tool $tool $exe: exit $status${summary:+, $summary}$([[ $status -eq 124 ]] && echo " (timed out after $secs s)")"
+      grep -m5 '=========.*\(Invalid\|Error\|error\|Race\|hazard\)\|No test\|No tests' "$OUTDIR/san.tmp" | sed 's/^/    /' | tee -a "$SUMMARY"
+      FAILED=$((FAILED + 1))
+    fi
+  done
+  rm -f "$OUTDIR/san.tmp"
 fi
 
 say "total: $PASSED passed, $FAILED failed, $SKIPPED skipped ($SECONDS s)"
