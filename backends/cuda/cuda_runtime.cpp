@@ -404,6 +404,21 @@ void divide(state& s, int self, element_type type, located p, std::size_t n, std
   copy(s, self, p, a, bytes);
 }
 
+bool fold_into_all(state& s, int self, ReduceOp op, element_type type, const located* parts, int count,
+                   std::size_t n) {
+  replica_state& me = s.at(self);
+  for (int r = 0; r < count; ++r) {
+    if (!s.reaches(me.device, parts[r].device)) return false;
+  }
+  if (n == 0) return true;
+  const device_guard on(me.device);  // the kernel goes on me.stream: its device must be current
+  void* ptrs[max_fold_parts];
+  for (int r = 0; r < count; ++r) ptrs[r] = parts[r].ptr;
+  const int e = launch_fold_into_all(me.stream, op, type, ptrs, count, n);
+  if (e != 0) fail(static_cast<cudaError_t>(e), "the fold kernel launch");
+  return true;
+}
+
 void synchronize(state& s, int r) {
   const device_guard on(s.at(r).device);
   check(cudaStreamSynchronize(s.at(r).stream), "cudaStreamSynchronize");

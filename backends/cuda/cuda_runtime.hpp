@@ -25,6 +25,7 @@
 #include <backends/cuda/device_ptr.hpp>
 #include <backends/cuda/device_span.hpp>
 #include <backends/cuda/element_type.hpp>
+#include <backends/cuda/kernels.hpp>  // max_fold_parts (no CUDA header)
 #include <backends/threads/threads_runtime.hpp>
 #include <mirror/detail/exchanged.hpp>
 #include <mirror/reduce_op.hpp>
@@ -75,6 +76,8 @@ void combine(state&, int self, ReduceOp op, element_type type, located dst, loca
              std::size_t element_bytes);
 void divide(state&, int self, element_type type, located p, std::size_t n, std::size_t count,
             std::size_t element_bytes);
+bool fold_into_all(state&, int self, ReduceOp op, element_type type, const located* parts, int count,
+                   std::size_t n);
 void synchronize(state&, int replica);
 
 }  // namespace impl
@@ -207,6 +210,24 @@ class runtime {
     impl::divide(*state_, self, element_type_of<E>(), impl::located{p.ptr, p.device}, n, count, sizeof(E));
   }
   ///@}
+
+  /// The most parts `fold_into_all` takes.
+  static constexpr int max_fold_parts = impl::max_fold_parts;
+  /// An optional primitive of the `device` concept, which policies use where a device has it:
+  /// folds `n` elements of `count` parts (`parts[0] op parts[1] op ...`, in that order, divided
+  /// by `count` for mean) and writes the result into every part, in one kernel on `self`'s
+  /// stream that reads and writes each part once (copy, combine and divide would move the
+  /// bytes 2 to 3 times as often). The bits are those of copy, combine in part order, and
+  /// divide. Returns false, having done nothing, when a part is on a GPU that `self`'s cannot
+  /// reach (no peer access) or `count` exceeds `max_fold_parts`: the caller then composes the
+  /// other primitives.
+  template <class E>
+  bool fold_into_all(int self, ReduceOp op, const pointer<E>* parts, int count, std::size_t n) {
+    if (count < 1 || count > max_fold_parts) return false;
+    impl::located l[impl::max_fold_parts];
+    for (int r = 0; r < count; ++r) l[r] = impl::located{parts[r].ptr, parts[r].device};
+    return impl::fold_into_all(*state_, self, op, element_type_of<E>(), l, count, n);
+  }
 
   // ---- for backends (NCCL), tests and benchmarks ----
 

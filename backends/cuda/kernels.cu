@@ -59,22 +59,25 @@ __device__ V maximum(V a, V b) {
   }
 }
 
+// a op b in the arithmetic type (mean sums; its division comes last).
+template <class V>
+__device__ V combine_one(ReduceOp op, V a, V b) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::mean: return static_cast<V>(a + b);
+    case ReduceOp::prod: return static_cast<V>(a * b);
+    case ReduceOp::min: return minimum(a, b);
+    case ReduceOp::max: return maximum(a, b);
+  }
+  return a;
+}
+
 template <class T>
 __global__ void combine_kernel(ReduceOp op, T* __restrict__ dst, const T* __restrict__ src, std::size_t n) {
   using A = arith<T>;
-  using V = typename A::type;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const V a = A::load(dst[i]), b = A::load(src[i]);
-    V r = a;
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::mean: r = static_cast<V>(a + b); break;
-      case ReduceOp::prod: r = static_cast<V>(a * b); break;
-      case ReduceOp::min: r = minimum(a, b); break;
-      case ReduceOp::max: r = maximum(a, b); break;
-    }
-    dst[i] = A::store(r);
+    dst[i] = A::store(combine_one(op, A::load(dst[i]), A::load(src[i])));
   }
 }
 
@@ -95,6 +98,36 @@ __global__ void divide_kernel(T* p, std::size_t n, std::size_t count) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     p[i] = A::store(divide_one(A::load(p[i]), count));
+  }
+}
+
+// The parts of one fold, by value: a kernel parameter (constant memory), so no copy of the
+// pointer list has to reach the device first.
+template <class T>
+struct fold_parts {
+  T* p[max_fold_parts];
+};
+
+// Each thread folds its elements across the parts, then writes the result to every part: each
+// element of each part is read once before any part's element is written, by the same thread.
+// The loops over parts are unrolled to max_fold_parts with a run-time guard, so every index into
+// `parts` is a constant: a run-time index would make each thread copy the 128-byte pointer list
+// into local memory first, which costs more than the fold itself while a thread has few elements.
+template <class T>
+__global__ void fold_kernel(ReduceOp op, fold_parts<T> parts, int count, std::size_t n) {
+  using A = arith<T>;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    T acc = parts.p[0][i];
+#pragma unroll
+    for (int r = 1; r < max_fold_parts; ++r) {
+      if (r < count) acc = A::store(combine_one(op, A::load(acc), A::load(parts.p[r][i])));
+    }
+    if (op == ReduceOp::mean) acc = A::store(divide_one(A::load(acc), static_cast<std::size_t>(count)));
+#pragma unroll
+    for (int r = 0; r < max_fold_parts; ++r) {
+      if (r < count) parts.p[r][i] = acc;
+    }
   }
 }
 
@@ -135,9 +168,21 @@ int divide_as(void* stream, void* p, std::size_t n, std::size_t count) noexcept 
   return static_cast<int>(cudaGetLastError());
 }
 
+template <class T>
+int fold_as(void* stream, ReduceOp op, void* const* parts, int count, std::size_t n) noexcept {
+  if (n == 0) return 0;
+  if (count < 1 || count > max_fold_parts) return static_cast<int>(cudaErrorInvalidValue);
+  fold_parts<T> p{};
+  for (int r = 0; r < count; ++r) p.p[r] = static_cast<T*>(parts[r]);
+  clear_stale_error();
+  fold_kernel<T><<<blocks_for(n), threads_per_block, 0, static_cast<cudaStream_t>(stream)>>>(op, p, count, n);
+  return static_cast<int>(cudaGetLastError());
+}
+
 #define MIRROR_CUDA_INSTANTIATE(T)                                                             \
   template int combine_as<T>(void*, ReduceOp, void*, const void*, std::size_t) noexcept; \
-  template int divide_as<T>(void*, void*, std::size_t, std::size_t) noexcept;
+  template int divide_as<T>(void*, void*, std::size_t, std::size_t) noexcept;             \
+  template int fold_as<T>(void*, ReduceOp, void* const*, int, std::size_t) noexcept;
 MIRROR_CUDA_INSTANTIATE(float)
 MIRROR_CUDA_INSTANTIATE(double)
 MIRROR_CUDA_INSTANTIATE(__half)
@@ -169,6 +214,20 @@ int launch_divide(void* stream, element_type type, void* p, std::size_t n, std::
     case element_type::i32: return divide_as<std::int32_t>(stream, p, n, count);
     case element_type::i64: return divide_as<std::int64_t>(stream, p, n, count);
     case element_type::u8: return divide_as<std::uint8_t>(stream, p, n, count);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int launch_fold_into_all(void* stream, ReduceOp op, element_type type, void* const* parts, int count,
+                         std::size_t n) noexcept {
+  switch (type) {
+    case element_type::f32: return fold_as<float>(stream, op, parts, count, n);
+    case element_type::f64: return fold_as<double>(stream, op, parts, count, n);
+    case element_type::f16: return fold_as<__half>(stream, op, parts, count, n);
+    case element_type::bf16: return fold_as<__nv_bfloat16>(stream, op, parts, count, n);
+    case element_type::i32: return fold_as<std::int32_t>(stream, op, parts, count, n);
+    case element_type::i64: return fold_as<std::int64_t>(stream, op, parts, count, n);
+    case element_type::u8: return fold_as<std::uint8_t>(stream, op, parts, count, n);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

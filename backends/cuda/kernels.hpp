@@ -21,4 +21,15 @@ int launch_combine(void* stream, ReduceOp op, element_type type, void* dst, cons
 /// p[i] = p[i] / count for i < n, in the element type (integers truncate, as C++ `/`).
 int launch_divide(void* stream, element_type type, void* p, std::size_t n, std::size_t count) noexcept;
 
+/// The most parts `launch_fold_into_all` takes in one launch.
+inline constexpr int max_fold_parts = 16;
+
+/// For i < n: parts[0][i] op parts[1][i] op ... op parts[count - 1][i], folded in that order
+/// with every step rounded to the element type, divided by count for mean, written to every
+/// parts[j][i]: the same bits as launch_combine from parts[0] through parts[count - 1] followed
+/// by launch_divide, in one pass that reads and writes each part once. 1 <= count <=
+/// max_fold_parts.
+int launch_fold_into_all(void* stream, ReduceOp op, element_type type, void* const* parts, int count,
+                         std::size_t n) noexcept;
+
 }  // namespace mirror::cuda::impl

@@ -21,6 +21,12 @@ namespace mirror::ops {
 /// `reduce_to`'s memory. Replicas are combined in the fixed order 0, 1, ..., N-1, so results are
 /// bitwise reproducible and equal to a serial loop's.
 ///
+/// On a device that has the optional `fold_into_all` primitive and can use it for the replicas'
+/// buffers (`devices::Cuda` when every replica's memory is reachable from every replica's GPU:
+/// logical replicas sharing one GPU, or GPUs with peer access), each replica's slice is folded
+/// in the same order and written back to every replica in one kernel: 2·N·S bytes of device
+/// memory traffic in all instead of (5·N − 1)·S, and the same bits.
+///
 /// **Requires**: `0 <= reduce_to < num_replicas_in_sync()`, else `Strategy`'s constructor throws
 /// `std::invalid_argument`.
 /// **Communication** (S bytes per replica, N replicas): each element crosses to `reduce_to` once
@@ -65,6 +71,15 @@ struct ReductionToOneDevice {
     // instead of four; the same operations per element, so the same bits).
     constexpr std::size_t block = Rt::host_addressable ? std::max<std::size_t>(1, 8192 / sizeof(E)) : ~std::size_t{0};
     detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t v) {
+      // A device with a fused fold (the CUDA backend, where every replica's memory is reachable
+      // from this replica's GPU) reduces the piece and writes it back in one pass.
+      if constexpr (requires { rt.fold_into_all(self, op, static_cast<const pointer*>(nullptr), n, len); }) {
+        if (n <= Rt::max_fold_parts) {
+          pointer parts[Rt::max_fold_parts];
+          for (int r = 0; r < n; ++r) parts[r] = all[static_cast<std::size_t>(r)].leaves[k] + off;
+          if (rt.fold_into_all(self, op, parts, n, len)) return;
+        }
+      }
       for (std::size_t i = 0; i < len;) {
         const std::size_t m = std::min(block, len - i);
         const pointer dst = Rt::host_addressable ? acc + a : acc + (v + i);

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
+#include <span>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -273,7 +274,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 namespace {
 
 // cudaSuccess, or why this launch on `s` touching `ptrs` would fail on a GPU.
-cudaError_t launch_error(cudaStream_t s, std::initializer_list<const void*> ptrs) {
+cudaError_t launch_error(cudaStream_t s, std::span<const void* const> ptrs) {
   const cudaError_t stale = last;
   last = cudaSuccess;
   if (stale != cudaSuccess) return stale;
@@ -317,11 +318,24 @@ void divide(T* p, std::size_t n, std::size_t count) {
   for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(count));
 }
 
+// launch_fold_into_all as its contract says: combine from part 0 in order, divide for mean, write
+// every part (elementwise, so a part may be any replica's buffer).
+template <class T>
+void fold(mirror::ReduceOp op, void* const* parts, int count, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    T acc = static_cast<T*>(parts[0])[i];
+    for (int r = 1; r < count; ++r) combine(op, &acc, static_cast<const T*>(parts[r]) + i, 1);
+    if (op == mirror::ReduceOp::mean) divide(&acc, 1, static_cast<std::size_t>(count));
+    for (int r = 0; r < count; ++r) static_cast<T*>(parts[r])[i] = acc;
+  }
+}
+
 }  // namespace
 
 namespace mirror::cuda::impl {
 int launch_divide(void* stream, element_type type, void* p, std::size_t n, std::size_t count) noexcept {
-  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), {p})) return static_cast<int>(e);
+  const void* const touched[] = {p};
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched)) return static_cast<int>(e);
   switch (type) {
     case element_type::f32: divide(static_cast<float*>(p), n, count); break;
     case element_type::f64: divide(static_cast<double*>(p), n, count); break;
@@ -332,7 +346,8 @@ int launch_divide(void* stream, element_type type, void* p, std::size_t n, std::
   return 0;
 }
 int launch_combine(void* stream, ReduceOp op, element_type type, void* dst, const void* src, std::size_t n) noexcept {
-  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), {dst, src})) return static_cast<int>(e);
+  const void* const touched[] = {dst, src};
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched)) return static_cast<int>(e);
   switch (type) {
     case element_type::f32: combine(op, static_cast<float*>(dst), static_cast<const float*>(src), n); break;
     case element_type::f64: combine(op, static_cast<double*>(dst), static_cast<const double*>(src), n); break;
@@ -342,6 +357,28 @@ int launch_combine(void* stream, ReduceOp op, element_type type, void* dst, cons
     case element_type::i64:
       combine(op, static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(src), n);
       break;
+    default: return cudaErrorNotSupported;
+  }
+  return 0;
+}
+
+int launch_fold_into_all(void* stream, ReduceOp op, element_type type, void* const* parts, int count,
+                         std::size_t n) noexcept {
+  if (count < 1 || count > max_fold_parts) return cudaErrorInvalidValue;
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream),
+                                         std::span<const void* const>(const_cast<const void* const*>(parts),
+                                                                      static_cast<std::size_t>(count)))) {
+    return static_cast<int>(e);
+  }
+  {
+    std::lock_guard g(lock);
+    ++seen.folds;
+  }
+  switch (type) {
+    case element_type::f32: fold<float>(op, parts, count, n); break;
+    case element_type::f64: fold<double>(op, parts, count, n); break;
+    case element_type::i32: fold<std::int32_t>(op, parts, count, n); break;
+    case element_type::i64: fold<std::int64_t>(op, parts, count, n); break;
     default: return cudaErrorNotSupported;
   }
   return 0;

@@ -40,7 +40,8 @@ struct record {
   int aborts = 0;             // ncclCommAbort
   int destroys = 0;           // ncclCommDestroy
   int not_ready_queries = 0;  // cudaEventQuery answered cudaErrorNotReady
-  int launches = 0;           // launch_combine and launch_divide that ran
+  int launches = 0;           // launch_combine, launch_divide and launch_fold_into_all that ran
+  int folds = 0;              // launch_fold_into_all that ran
   int peer_copies = 0;        // cudaMemcpyPeerAsync
   std::vector<std::string> violations;  // NCCL's or CUDA's rules broken (must stay empty)
 };

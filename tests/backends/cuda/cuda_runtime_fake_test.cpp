@@ -129,3 +129,63 @@ TEST_CASE("cuda runtime: a CUDA failure thrown as backend_error is not left as t
   REQUIRE(sums(s) == std::vector<float>(5, 3.0f));
   require_rules_kept();
 }
+
+TEST_CASE("cuda runtime: ReductionToOneDevice folds each slice in one kernel where every replica's memory is "
+          "reachable, with the bits of copy and combine", "[cuda][fake][fold]") {
+  // Floats of mixed magnitudes: a sum in any other order, or rounded differently, gives other bits.
+  constexpr int n = 40;  // over 16-float lines: every replica owns a slice
+  auto value = [](int r, int i) {
+    const float v[] = {1e8f, 1.0f, -1e8f, 3.25f, 1e-3f, -7.5e7f, 0.1f};
+    return v[(r * 3 + i) % 7] * float(1 + (r + i) % 3);
+  };
+  auto reference = [&](ReduceOp op, int replicas) {
+    std::vector<float> out(n);
+    for (int i = 0; i < n; ++i) {
+      float acc = value(0, i);
+      for (int r = 1; r < replicas; ++r) {
+        const float x = value(r, i);
+        switch (op) {
+          case ReduceOp::sum:
+          case ReduceOp::mean: acc = acc + x; break;
+          case ReduceOp::prod: acc = acc * x; break;
+          case ReduceOp::min: acc = x < acc ? x : acc; break;
+          case ReduceOp::max: acc = acc < x ? x : acc; break;
+        }
+      }
+      out[static_cast<std::size_t>(i)] = op == ReduceOp::mean ? acc / float(replicas) : acc;
+    }
+    return out;
+  };
+  auto check_every_op = [&](Strategy& s) {
+    const int replicas = s.num_replicas_in_sync();
+    for (const ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::prod, ReduceOp::min, ReduceOp::max}) {
+      INFO("op " << static_cast<int>(op) << ", " << replicas << " replicas");
+      const auto out = s.run([&](auto& ctx) {
+        const int r = ctx.replica_id_in_sync_group();
+        std::vector<float> mine(n);
+        for (int i = 0; i < n; ++i) mine[static_cast<std::size_t>(i)] = value(r, i);
+        return ctx.all_reduce(op, mine);
+      });
+      for (const auto& v : out) REQUIRE(v == reference(op, replicas));
+    }
+  };
+  SECTION("three logical replicas on one GPU: fused") {
+    fake_nccl::reset({.devices = 1});
+    Strategy s{{.gpus = {0}, .replicas_per_gpu = 3}};
+    check_every_op(s);
+    CHECK(fake_nccl::snapshot().folds >= 5 * 3);  // every replica's slice, every op
+  }
+  SECTION("two GPUs with peer access: fused") {
+    fake_nccl::reset({.devices = 2});
+    Strategy s{{.gpus = {0, 1}}};
+    check_every_op(s);
+    CHECK(fake_nccl::snapshot().folds >= 5 * 2);
+  }
+  SECTION("two GPUs without peer access: copy and combine through the replica's own GPU") {
+    fake_nccl::reset({.devices = 2, .can_access_peer = false});
+    Strategy s{{.gpus = {0, 1}}};
+    check_every_op(s);
+    CHECK(fake_nccl::snapshot().folds == 0);
+  }
+  require_rules_kept();
+}
