@@ -38,6 +38,10 @@
 ///   a host array on `self`'s device for `fn` to read (run copies shared host arguments this
 ///   way, architecture.md 2.7; mirror/detail/staged_argument.hpp). Without them such arguments
 ///   are a compile error naming this hook.
+/// - Optional: `rt.fold_into_all(self, op, parts, count, n)` → `bool` and `Rt::max_fold_parts`:
+///   folds `n` elements of `count` parts in part order (divided by `count` for mean) into every
+///   part in one pass, with the bits of `copy`, `combine` and `divide`, or returns false having
+///   done nothing (`ops::ReductionToOneDevice` then composes those; backends/cuda has it).
 ///
 /// **Laws.** `exchange` returns the same span contents on every replica; `copy` then `combine`
 /// are equivalent to the host loop `p[i] = p[i] op q[i]` in element order.
