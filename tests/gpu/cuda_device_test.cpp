@@ -3,6 +3,7 @@
 // thrust::device_vector leaves from a file nvcc compiled with mirror (gpu/thrust_leaves.cu).
 #include <catch2/catch.hpp>
 #include "support/matchers.hpp"
+#include "support/serial_fold.hpp"
 #include <cuda_runtime_api.h>  // pinned and device memory for the staging cases
 #include <atomic>
 #include <cstdint>
@@ -88,10 +89,6 @@ TEST_CASE("cuda: logical replicas of one GPU fold in replica order, bitwise a se
           "[cuda][device][fold]") {
   // ReductionToOneDevice folds each slice in one kernel when the replicas share a GPU. Floats of
   // mixed magnitudes: a sum in another order, or rounded otherwise, gives other bits.
-  auto value = [](int r, std::size_t i) {
-    const float v[] = {1e8f, 1.0f, -1e8f, 3.25f, 1e-3f, -7.5e7f, 0.1f};
-    return v[(static_cast<std::size_t>(r) * 3 + i) % 7] * float(1 + (static_cast<std::size_t>(r) + i) % 3);
-  };
   constexpr std::size_t n = (std::size_t{1} << 20) + 5;
   for (const int replicas : {2, 3, 5}) {
     mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{
@@ -101,7 +98,7 @@ TEST_CASE("cuda: logical replicas of one GPU fold in replica order, bitwise a se
       std::vector<mirror::cuda::device_buffer<float>> buffers;
       for (int r = 0; r < replicas; ++r) {
         std::vector<float> host(n);
-        for (std::size_t i = 0; i < n; ++i) host[i] = value(r, i);
+        for (std::size_t i = 0; i < n; ++i) host[i] = mirror::test::mixed_magnitude(r, i);
         buffers.emplace_back(s.runtime().device_of(r), n);
         buffers.back().upload(host);
       }
@@ -109,20 +106,7 @@ TEST_CASE("cuda: logical replicas of one GPU fold in replica order, bitwise a se
         ctx.all_reduce(op, buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())].span());
       });
       std::vector<float> want(n);
-      for (std::size_t i = 0; i < n; ++i) {
-        float acc = value(0, i);
-        for (int r = 1; r < replicas; ++r) {
-          const float x = value(r, i);
-          switch (op) {
-            case ReduceOp::sum:
-            case ReduceOp::mean: acc = acc + x; break;
-            case ReduceOp::prod: acc = acc * x; break;
-            case ReduceOp::min: acc = x < acc ? x : acc; break;
-            case ReduceOp::max: acc = acc < x ? x : acc; break;
-          }
-        }
-        want[i] = op == ReduceOp::mean ? acc / float(replicas) : acc;
-      }
+      for (std::size_t i = 0; i < n; ++i) want[i] = mirror::test::serial_fold(op, replicas, i);
       for (auto& b : buffers) {
         std::vector<float> host(n);
         b.download(host);

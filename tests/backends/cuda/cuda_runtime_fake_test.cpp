@@ -11,6 +11,7 @@
 #include <vector>
 #include <mirror/mirror.hpp>
 #include "support/fake_nccl.hpp"
+#include "support/serial_fold.hpp"
 
 using mirror::ReduceOp;
 using Strategy = mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice>;
@@ -134,26 +135,9 @@ TEST_CASE("cuda runtime: ReductionToOneDevice folds each slice in one kernel whe
           "reachable, with the bits of copy and combine", "[cuda][fake][fold]") {
   // Floats of mixed magnitudes: a sum in any other order, or rounded differently, gives other bits.
   constexpr int n = 40;  // over 16-float lines: every replica owns a slice
-  auto value = [](int r, int i) {
-    const float v[] = {1e8f, 1.0f, -1e8f, 3.25f, 1e-3f, -7.5e7f, 0.1f};
-    return v[(r * 3 + i) % 7] * float(1 + (r + i) % 3);
-  };
   auto reference = [&](ReduceOp op, int replicas) {
     std::vector<float> out(n);
-    for (int i = 0; i < n; ++i) {
-      float acc = value(0, i);
-      for (int r = 1; r < replicas; ++r) {
-        const float x = value(r, i);
-        switch (op) {
-          case ReduceOp::sum:
-          case ReduceOp::mean: acc = acc + x; break;
-          case ReduceOp::prod: acc = acc * x; break;
-          case ReduceOp::min: acc = x < acc ? x : acc; break;
-          case ReduceOp::max: acc = acc < x ? x : acc; break;
-        }
-      }
-      out[static_cast<std::size_t>(i)] = op == ReduceOp::mean ? acc / float(replicas) : acc;
-    }
+    for (int i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = mirror::test::serial_fold(op, replicas, static_cast<std::size_t>(i));
     return out;
   };
   auto check_every_op = [&](Strategy& s) {
@@ -163,7 +147,7 @@ TEST_CASE("cuda runtime: ReductionToOneDevice folds each slice in one kernel whe
       const auto out = s.run([&](auto& ctx) {
         const int r = ctx.replica_id_in_sync_group();
         std::vector<float> mine(n);
-        for (int i = 0; i < n; ++i) mine[static_cast<std::size_t>(i)] = value(r, i);
+        for (int i = 0; i < n; ++i) mine[static_cast<std::size_t>(i)] = mirror::test::mixed_magnitude(r, static_cast<std::size_t>(i));
         return ctx.all_reduce(op, mine);
       });
       for (const auto& v : out) REQUIRE(v == reference(op, replicas));
