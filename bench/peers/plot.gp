@@ -11,6 +11,7 @@ set style histogram cluster gap 1
 set style fill solid 0.8 border -1
 set boxwidth 0.9
 set xtics noenhanced
+set xlabel 'step: run + 1-float all-reduce (torch: dist.all_reduce); all-reduce per replica; Fashion-MNIST samples/s' noenhanced
 set grid ytics
 set key top right
 plot 'bench/results/peers/plot.dat' using 2:xtic(1) title 'TF MirroredStrategy', '' using 3 title 'torch DDP gloo', 1 notitle lc 'black' dt 2

@@ -140,7 +140,7 @@ def table(times, train, mirror_col, peers, rows, step_label):
             cells.append(text)
             xs.append(x)
         lines.append('| ' + ' | '.join(cells) + ' |')
-        plot.append((label, xs))
+        plot.append(('step' if row == 'step' else size_name(row), xs))
     sps = cell_train(train.get(mirror_col))
     peer_train = [cell_train(train.get(col)) for col, _, _ in peers]
     cells = ['Fashion-MNIST MLP, samples/s', sps[0]] + [t[0] for t in peer_train]
@@ -150,7 +150,7 @@ def table(times, train, mirror_col, peers, rows, step_label):
         cells.append(text)
         xs.append(x)
     lines.append('| ' + ' | '.join(cells) + ' |')
-    plot.append(('training samples/s', xs))
+    plot.append(('training', xs))
     cells = ['the same, test accuracy', sps[1]] + [t[1] for t in peer_train] + [''] * len(peers)
     lines.append('| ' + ' | '.join(cells) + ' |')
     return lines, plot
@@ -164,7 +164,7 @@ def main():
     sizes = sorted(b for b in times.get('mirror', {}) if b != 'step')
     md = ['# mirror against TensorFlow and PyTorch', '',
           'Written by `bench/peers.sh` from the raw output in `bench/results/peers/`. Cells: median '
-          '(min-max) over every repetition of every round (training: over rounds). "mirror vs X": '
+          '(min-max) over every repetition of every round (training: over rounds). "vs X": '
           "X's time over mirror's (training: mirror's samples/s over X's); above 1 mirror is ahead.", '',
           '```', versions, '```', '']
     single = [('tf', 'TF MirroredStrategy', 'TF'), ('torch', 'torch DDP gloo', 'torch')]
@@ -196,7 +196,7 @@ def main():
     with open(os.path.join(d, 'plot.dat'), 'w') as f:
         f.write('# measure  tf_x  torch_x  (peer time / mirror time; training: mirror samples/s / peer)\n')
         for label, xs in plot_rows:
-            f.write('"{}" {} {}\n'.format(label.split(' (')[0].replace('step: ', ''),
+            f.write('"{}" {} {}\n'.format(label,
                                           xs.get('tf') or 'NaN', xs.get('torch') or 'NaN'))
     print(f'table.py: wrote {out}', file=sys.stderr)
 

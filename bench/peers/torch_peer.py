@@ -102,7 +102,7 @@ def train(args, rank, dist, torch):
             loss = loss_fn(logits, y)  # the mean over this rank's rows; DDP averages over ranks
             loss.backward()
             opt.step()
-            loss_sum += float(loss) * (hi - lo)
+            loss_sum += loss.item() * (hi - lo)
             correct += float((logits.argmax(1) == y).sum())
         dt = pc.now() - start
         seconds.append(dt)
