@@ -12,7 +12,8 @@ micro: (1) a step: a tf.function calling strategy.run(fn) where fn all-reduces o
 replica context (ctx.all_reduce(SUM, 1.0)); (2) the same with fn all-reducing its replica's
 float32 tensor of each --sizes bytes. TF's collectives return a new tensor (there is no in-place
 all-reduce), and every call goes through the tf.function: the figure is what a user's call
-costs. Timed on worker 0's clock; each timed block opens with a collective (a barrier).
+costs. On CPU devices both strategies all-reduce with TF's collective ops (CommunicationImplementation.RING).
+Timed on worker 0's clock; each timed block opens with a collective (a barrier).
 train: the MLP 784-256-128-10 (ReLU, softmax cross-entropy, He-normal weights) as tf.Variables
 under the strategy; a tf.function step: strategy.run(fn), fn computes the gradients of its rows
 with a GradientTape, all-reduces them (SUM; the loss is divided by the global batch) and applies
