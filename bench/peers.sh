@@ -92,7 +92,7 @@ mpirun=(mpirun -np 2 --bind-to none)
 
 out=bench/results/peers
 mkdir -p "$out"
-rm -f "$out"/*.json "$out"/*.txt "$out"/plot.dat
+rm -f "$out"/*.json "$out"/*.txt "$out"/plot.dat bench/results/peers.png
 lock=(flock /tmp/mirror-bench.lock)
 sizes=4096,1048576,67108864
 sizes_re='(4096|1048576|67108864)'
@@ -150,7 +150,7 @@ done
   echo "os: $(. /etc/os-release && echo "$PRETTY_NAME")"
   echo "compiler: $(c++ --version | head -1)"
   echo "mpi: $(mpirun --version 2>/dev/null | head -1 || echo none)"
-  echo "python: $($python --version 2>&1 || python3 --version)"
+  echo "python: $( ([[ -x $python ]] && "$python" --version) || python3 --version)"
   [[ $have_tf -eq 1 ]] && echo "tensorflow: $("$python" -c 'import tensorflow as t; print(t.__version__)' 2>/dev/null)"
   [[ $have_torch -eq 1 ]] && echo "torch: $("$python" -c 'import torch; print(torch.__version__)')"
   [[ -x $python ]] && echo "numpy: $("$python" -c 'import numpy; print(numpy.__version__)' 2>/dev/null)"
@@ -161,7 +161,9 @@ done
 } >"$out/versions.txt"
 
 python3 bench/peers/table.py "$out" bench/results/peers.md
-if command -v gnuplot >/dev/null && [[ -f $out/plot.dat ]]; then
+if [[ ! -f $out/plot.dat ]]; then
+  echo "peers.sh: no peer measured: no plot" >&2
+elif command -v gnuplot >/dev/null; then
   gnuplot bench/peers/plot.gp && echo "peers.sh: wrote bench/results/peers.png" >&2
 else
   echo "peers.sh: no gnuplot: no plot (apt-get install gnuplot-nox)" >&2

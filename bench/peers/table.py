@@ -193,6 +193,9 @@ def main():
         md += ['', 'Peers: ' + '; '.join(f'{c}: {f}' for c, f in sorted(frameworks.items())) + '.']
     with open(out, 'w') as f:
         f.write('\n'.join(md) + '\n')
+    if not have_single:
+        print(f'table.py: wrote {out} (no peer: no plot data)', file=sys.stderr)
+        return
     with open(os.path.join(d, 'plot.dat'), 'w') as f:
         f.write('# measure  tf_x  torch_x  (peer time / mirror time; training: mirror samples/s / peer)\n')
         for label, xs in plot_rows:
