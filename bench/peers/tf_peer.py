@@ -19,8 +19,10 @@ under the strategy; a tf.function step: strategy.run(fn), fn computes the gradie
 with a GradientTape, all-reduces them (SUM; the loss is divided by the global batch) and applies
 SGD with momentum in PyTorch's form (v = m v + g; p -= lr v) through merge_call and
 strategy.extended.update, the learning rate cosine-decayed per step (a tensor argument).
-Input: tf.data (shuffle every epoch, batch of the global size) through
-experimental_distribute_dataset. samples/s: over the epochs after the first (the first traces).
+Input (--input): numpy by default, every worker drawing the same shuffle each epoch and each
+replica's rows of each global batch fed through experimental_distribute_values_from_function
+(as torch_peer.py and mirror's trainer take theirs); tf.data (shuffle, batch of the global size,
+experimental_distribute_dataset) cost more than the step itself on this machine. samples/s: over the epochs after the first (the first traces).
 Prints 'PEER {json}' lines (peer_common.py).
 """
 import json
@@ -37,6 +39,10 @@ def extra(p):
     p.add_argument('--workers', type=int, default=0,
                    help='0: MirroredStrategy in one process; W: MultiWorkerMirroredStrategy on W processes')
     p.add_argument('--worker-index', type=int, default=-1, help=argparse_hidden())
+    p.add_argument('--input', default='numpy', choices=['numpy', 'tf.data'],
+                   help='numpy: each epoch shuffled in numpy, each replica\'s rows fed through '
+                        'experimental_distribute_values_from_function (the faster here); tf.data: '
+                        'shuffle and batch in tf.data, through experimental_distribute_dataset')
     p.add_argument('--threads', type=int, default=-1,
                    help='TF intra-op threads per process (default: TF decides with --workers 0, 1 otherwise)')
 
@@ -149,9 +155,27 @@ def train(args, tf, strategy, label, chief):
     def train_step(xy, lr, global_rows):
         return strategy.run(replica_step, args=(xy[0], xy[1], lr, global_rows))
 
-    ds = tf.data.Dataset.from_tensor_slices((x_train, y_train)).shuffle(n, seed=args.seed, reshuffle_each_iteration=True)
-    ds = ds.batch(batch).prefetch(2)
-    dist_ds = strategy.experimental_distribute_dataset(ds)
+    def batches():  # this epoch's global batches, each replica's share as a tensor
+        order = rng.permutation(n)
+        xs, ys = x_train[order], y_train[order]
+        for first in range(0, n, batch):
+            g = min(batch, n - first)
+
+            def share(ctx, first=first, g=g):
+                r, R = ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync
+                lo, hi = first + g * r // R, first + g * (r + 1) // R
+                return tf.constant(xs[lo:hi]), tf.constant(ys[lo:hi])
+            yield g, strategy.experimental_distribute_values_from_function(share)
+
+    if args.input == 'tf.data':
+        ds = tf.data.Dataset.from_tensor_slices((x_train, y_train)).shuffle(n, seed=args.seed,
+                                                                           reshuffle_each_iteration=True)
+        dist_ds = strategy.experimental_distribute_dataset(ds.batch(batch).prefetch(2))
+
+        def batches():  # noqa: F811
+            for k, xy in enumerate(dist_ds):
+                yield min(batch, n - k * batch), xy
+    rng = np.random.default_rng(args.seed)  # the same shuffle on every worker
     steps_per_epoch = (n + batch - 1) // batch
     total_steps = steps_per_epoch * args.epochs
     step = 0
@@ -160,8 +184,7 @@ def train(args, tf, strategy, label, chief):
         start = pc.now()
         loss_sum = correct = 0.0
         outs = []
-        for k, xy in enumerate(dist_ds):
-            g = min(batch, n - k * batch)
+        for g, xy in batches():
             lr = tf.constant(pc.cosine_lr(args, step, total_steps), tf.float32)
             step += 1
             outs.append(train_step(xy, lr, tf.constant(float(g))))
