@@ -90,6 +90,8 @@ source tests/mpi/mpi_env.sh  # root, the containers' CMA copy: the same launches
 mpirun=(mpirun -np 2 --bind-to none)
 [[ $(id -u) -eq 0 ]] && mpirun+=(--allow-run-as-root)
 
+# The tree measured, before the results are written into it.
+describe=$(git describe --always --dirty 2>/dev/null || echo unknown)
 out=bench/results/peers
 mkdir -p "$out"
 rm -f "$out"/*.json "$out"/*.txt "$out"/plot.dat bench/results/peers.png
@@ -155,7 +157,7 @@ done
   [[ $have_torch -eq 1 ]] && echo "torch: $("$python" -c 'import torch; print(torch.__version__)')"
   [[ -x $python ]] && echo "numpy: $("$python" -c 'import numpy; print(numpy.__version__)' 2>/dev/null)"
   echo "config: rounds $rounds, repetitions $reps, min-time ${min_time}s, epochs $epochs, global batch $batch, 2 replicas"
-  echo "git: $(git describe --always --dirty 2>/dev/null || echo unknown)"
+  echo "git: $describe"
   sed 's/^round \([0-9]*\): load average/load (1, 5, 15 min), round \1:/' "$out/load.txt"
   echo "load (1, 5, 15 min), at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$out/versions.txt"
