@@ -24,7 +24,7 @@
 # Without the virtual environment (or where pip cannot reach the packages) each missing peer is
 # skipped with a loud SKIP line and mirror's column is still measured.
 # Needs: meson, ninja, g++, Open MPI (libopenmpi-dev, openmpi-bin), libbenchmark-dev, python3-venv.
-# On request only: never in CI (it needs the network for --setup and takes ~15-20 minutes).
+# On request only: never in CI (it needs the network for --setup and takes 10-20 minutes, with the build).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -43,7 +43,7 @@ while [[ $# -gt 0 ]]; do
     --limit) limit=$2; shift ;;
     --no-multi-worker) multi=0 ;;
     --quick) rounds=1 reps=2 min_time=0.05 epochs=2 ;;
-    -h | --help) sed -n '3,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '3,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "peers.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
