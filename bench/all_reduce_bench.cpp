@@ -58,11 +58,12 @@ void naive_all_reduce(benchmark::State& state, int replicas, std::size_t bytes) 
 // hand_blocked: each thread combines its 1/R in blocks that stay in L1, in a local accumulator:
 // memcpy replica 0's block in, add the others' with a loop GCC vectorises at -O2 (a constant
 // trip count for whole blocks: one addps per 4 floats), memcpy the block back into every
-// buffer. One std::barrier per step, as in the naive loop. The block: 4, 8 and 16 KiB (and 32)
-// were tried, all 12 cells of 2, 4, 8, 16 replicas x 1, 16, 64 MiB, 2 runs of 5 interleaved
-// repetitions (bench/results/hand_blocked.md): 4 KiB was fastest at 2 replicas in 5 of 6 cells
-// and slowest at 16 in all 6; 8 KiB at 8 and 16 replicas was as fast as any. So 4 KiB below 8
-// replicas (the block, the own and the other replica's fit L1 with room), 8 KiB from 8 up.
+// buffer. One std::barrier per step, as in the naive loop. The block: 4, 8, 16 and 32 KiB were
+// tried at 2, 4, 8, 16 replicas x 1, 16, 64 MiB, 2 runs of 5 interleaved repetitions
+// (bench/results/hand_blocked.md): at 2 replicas 4 KiB was the fastest or tied in 5 of 6 cells
+// (16 KiB in the other), at 16 replicas the slowest in 5 of 6; from 8 replicas up 8 KiB was as
+// fast as any. So 4 KiB below 8 replicas (the block, replica 0's and the other's fit L1 with
+// room), 8 KiB from 8 up.
 template <class E, std::size_t BlockBytes>
 void hand_blocked_step(const bench::buffers<E>& buf, int r) {
   constexpr std::size_t block = BlockBytes / sizeof(E);
@@ -158,7 +159,8 @@ void add_all(const std::vector<int>& replica_counts, const std::vector<std::size
 // matrix lacks.
 void add_blocked_pair(int r, std::size_t b) {
   auto nm = [&](const char* impl) { return bench::name("all_reduce", impl, bench::type_name<float>, r, b); };
-  bench::add(nm("default"), [=](benchmark::State& s) { mirror_all_reduce<mirror::ops::ChunkOwnerAllReduce, float>(s, r, b); });
+  using mirror::ops::ChunkOwnerAllReduce;
+  bench::add(nm("default"), [=](benchmark::State& s) { mirror_all_reduce<ChunkOwnerAllReduce, float>(s, r, b); });
   bench::add(nm("hand_blocked"), [=](benchmark::State& s) { hand_blocked_all_reduce<float>(s, r, b); });
 }
 
