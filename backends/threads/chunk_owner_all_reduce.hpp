@@ -23,9 +23,10 @@ namespace mirror::ops {
 /// it reads that slice from every replica's buffer, combines it in cache, and writes the result
 /// into every buffer — each byte is read once and written once per replica, the minimum memory
 /// traffic (2·N·S bytes for S bytes per replica); a sum of three or more replicas reads up to
-/// eight of them side by side (detail::sum_many). Messages of at most one cache line take a
-/// latency path instead: the data rides in the exchange itself, so the whole collective is one
-/// barrier.
+/// eight of them side by side (detail::sum_many), a sum of two is added in registers and stored
+/// straight into both buffers (detail::sum_pair_in_place). Messages of at most one cache line
+/// take a latency path instead: the data rides in the exchange itself, so the whole collective
+/// is one barrier.
 ///
 /// Replicas are combined in the order 0, 1, ..., N-1 (bitwise reproducible, equal to a serial
 /// loop). **Requires**: a host-addressable device (`devices::Threads`).
@@ -155,11 +156,18 @@ void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const un
   alignas(64) unsigned char acc[wide_block_bytes];
   static_assert(block_bytes >= 16 && block_bytes <= wide_block_bytes,
                 "a block holds at least one element of every type, and either block fits acc");
+  const bool pair = n == 2 && op == ReduceOp::sum && e.sum_pair != nullptr;
   const auto [a, b] = detail::chunk_of(0, s.total, c.self(), n, e.size);
   detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t) {
     for (std::size_t i = off; i < off + len; i += block) {
       const std::size_t m = std::min(block, off + len - i);
       const auto at = [&](int r) { return e.leaf(all[static_cast<std::size_t>(r)].leaves, k) + i * e.size; };
+      // A sum of two replicas in registers, stored straight into both buffers
+      // (detail::sum_pair_in_place): no accumulator to fill and copy out.
+      if (pair && m * e.size % 16 == 0) {
+        e.sum_pair(at(0), at(1), m);
+        continue;
+      }
       std::memcpy(acc, at(0), m * e.size);
       // A sum of three or more replicas reads the others' blocks side by side, up to
       // combine_pass at a time (detail::sum_many: 8 and 16 replicas moved 1.4-1.6x the bytes

@@ -20,6 +20,9 @@ struct element_kernels {
   /// combine_pass of them), n elements each, n a multiple of 16 / size. Null where E has no
   /// vector loop (has_sum_many).
   void (*sum)(void* dst, const void* const* src, std::size_t count, std::size_t n) noexcept;
+  /// sum_pair_in_place<E>: a and b both set to a + b, n elements, n a multiple of 16 / size.
+  /// Null where sum is.
+  void (*sum_pair)(void* a, void* b, std::size_t n) noexcept;
   /// divide_all<E> over n elements.
   void (*divide)(void* p, std::size_t n, std::size_t count) noexcept;
   /// The k-th of an array of E* (an array that another replica published: read as E*, which it
@@ -38,7 +41,8 @@ struct element_kernels_of {
   static unsigned char* leaf(const void* leaves, std::size_t k) noexcept {
     return reinterpret_cast<unsigned char*>(static_cast<E* const*>(leaves)[k]);
   }
-  static constexpr element_kernels value{sizeof(E), &combine, has_sum_many<E> ? &sum_many<E> : nullptr, &divide, &leaf};
+  static constexpr element_kernels value{sizeof(E), &combine, has_sum_many<E> ? &sum_many<E> : nullptr,
+                                         has_sum_many<E> ? &sum_pair_in_place<E> : nullptr, &divide, &leaf};
 };
 
 }  // namespace mirror::detail

@@ -220,6 +220,36 @@ void sum_many(void* to, const void* const* src, std::size_t count, std::size_t n
   (void)to, (void)src, (void)count, (void)n;
 }
 
+/// In place, two buffers: a[i] = b[i] = a[i] + b[i] for i < n, n a multiple of 16 / sizeof(E)
+/// (whole 16-byte groups); a and b do not overlap. The bits are a serial loop's. For E with
+/// has_sum_many only.
+///
+/// Why: the chunk-owner all-reduce's block loop copies the first buffer's block into an
+/// accumulator, adds the second's and copies the sum back into both (5 vector loads and 4 stores
+/// per 16 bytes); adding in registers and storing the sum into both is 2 and 2, the same lines in
+/// the same order. With more buffers one such pass is slower than the block loop, so only two
+/// (bench/results/hand_blocked.md has the measurements).
+template <class E>
+void sum_pair_in_place(void* a, void* b, std::size_t n) noexcept {
+#if defined(__GNUC__)
+  if constexpr (has_sum_many<E>) {
+    typedef wrapping_t<E> group __attribute__((vector_size(16)));
+    constexpr std::size_t w = 16 / sizeof(E);
+    E* __restrict const x = static_cast<E*>(a);
+    E* __restrict const y = static_cast<E*>(b);
+    for (std::size_t i = 0; i < n; i += w) {
+      group u, v;
+      __builtin_memcpy(&u, x + i, sizeof u);
+      __builtin_memcpy(&v, y + i, sizeof v);
+      u = u + v;
+      __builtin_memcpy(x + i, &u, sizeof u);
+      __builtin_memcpy(y + i, &u, sizeof u);
+    }
+  }
+#endif
+  (void)a, (void)b, (void)n;
+}
+
 /// The value x with x op v == v for every v: the result of reducing nothing.
 template <class E>
 constexpr E identity(ReduceOp op) noexcept {

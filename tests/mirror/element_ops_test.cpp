@@ -105,6 +105,26 @@ TEMPLATE_TEST_CASE("sum_many adds the sources in order, bit for bit", "[element_
   }
 }
 
+TEMPLATE_TEST_CASE("sum_pair_in_place writes a + b into both buffers, bit for bit", "[element_ops]", float, double,
+                   std::int32_t, std::int8_t, std::uint16_t) {
+  using E = TestType;
+  static_assert(mirror::detail::has_sum_many<E>);
+  std::mt19937 g(45);
+  constexpr std::size_t w = 16 / sizeof(E);
+  for (const std::size_t n : {std::size_t{0}, w, 3 * w, 250 * w}) {
+    CAPTURE(n);
+    // One element of padding on each side (unaligned groups; the neighbours stay untouched).
+    std::vector<E> a(n + 2), b(n + 2);
+    for (auto& x : a) x = random_value<E>(g, ReduceOp::sum);
+    for (auto& x : b) x = random_value<E>(g, ReduceOp::sum);
+    std::vector<E> expected_a = a, expected_b = b;
+    for (std::size_t i = 1; i <= n; ++i) expected_a[i] = expected_b[i] = static_cast<E>(a[i] + b[i]);
+    mirror::detail::sum_pair_in_place<E>(a.data() + 1, b.data() + 1, n);
+    REQUIRE(same_bits(a, expected_a));
+    REQUIRE(same_bits(b, expected_b));
+  }
+}
+
 TEMPLATE_TEST_CASE("reduce_leaf equals a serial loop over the components", "[element_ops]", float,
                    double) {
   using E = TestType;
