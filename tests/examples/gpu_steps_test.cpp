@@ -14,6 +14,7 @@
 #include <vector>
 #include "examples/fashion_mnist/gpu_steps.hpp"
 #include "examples/fashion_mnist/model.hpp"
+#include "biased_params.hpp"
 
 namespace fm = fashion_mnist;
 namespace gpu = fashion_mnist::gpu;
@@ -82,15 +83,6 @@ struct host_model {
             loss.data(), correct.data(), params.data(), grads.data()};
   }
 };
-
-fm::Params make_params(std::uint64_t seed) {
-  fm::Params p = fm::init_params(seed);
-  fm::rng g{seed + 7};
-  for (auto* b : {&p.b1, &p.b2, &p.b3}) {
-    for (float& x : *b) x = static_cast<float>(0.1 * g.normal());
-  }
-  return p;
-}
 
 std::vector<float> packed(const fm::Params& p) { return gpu::pack(p.w1, p.b1, p.w2, p.b2, p.w3, p.b3); }
 

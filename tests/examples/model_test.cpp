@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 #include "examples/fashion_mnist/model.hpp"
+#include "biased_params.hpp"
 
 namespace fm = fashion_mnist;
 
@@ -30,16 +31,6 @@ Batch make_batch(std::uint64_t seed) {
   for (auto& p : b.pixels) p = static_cast<std::uint8_t>(g.below(256));
   for (auto& l : b.labels) l = static_cast<std::int32_t>(g.below(fm::out_classes));
   return b;
-}
-
-/// He-initialised weights and non-zero biases, so that every bias gradient is exercised.
-fm::Params make_params(std::uint64_t seed) {
-  fm::Params p = fm::init_params(seed);
-  fm::rng g{seed + 7};
-  for (auto* b : {&p.b1, &p.b2, &p.b3}) {
-    for (float& x : *b) x = static_cast<float>(0.1 * g.normal());
-  }
-  return p;
 }
 
 /// Mean cross-entropy of the batch, in double, with plain loops: the reference forward pass.
