@@ -18,9 +18,11 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+#include <mirror/detail/replica_rows.hpp>
 #include <mirror/detail/worker_group.hpp>
 #include <mirror/error.hpp>
 
@@ -328,14 +330,22 @@ void destroy_comms(comms* c) noexcept {
   delete c;
 }
 
-void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_type type,
-                std::span<void* const> buffers, std::span<const std::size_t> counts,
-                std::chrono::milliseconds timeout) {
+namespace {
+
+// One group of NCCL calls on local rank `rank`'s communicator, enqueued on `stream`: the watchdog
+// over the rank's earlier collectives, the group under the communicator's lock (`calls(comm)`
+// makes the NCCL calls and returns the first failure), the wait for a non-blocking enqueue, then
+// `after()` (work on the stream that must follow the collective: a copy out, a divide), and the
+// completion event. Every collective of the set goes through here, so each has the same timeout,
+// abort and naming rules. `noun` names the collective in messages ("all-reduce"), `call` the
+// NCCL function ("ncclAllReduce").
+template <class Calls, class After>
+void enqueue_group(comms& c, int rank, cudaStream_t s, std::chrono::milliseconds timeout, const char* noun,
+                   const char* call, Calls&& calls, After&& after) {
   if (c.aborted.load()) throw_aborted();
   const std::size_t me = static_cast<std::size_t>(rank);
-  auto s = static_cast<cudaStream_t>(stream);
   in_flight& f = c.pending[me];
-  auto expire_for = [&](const char* stage, std::uint64_t seq) {
+  auto expire_for = [&](const std::string& stage, std::uint64_t seq) {
     // A rank counts as having enqueued collective `seq` once it handed it to NCCL (`entered`);
     // one still draining its own ring, or never come, is missing.
     std::vector<int> missing;
@@ -369,11 +379,11 @@ void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_typ
             polled = query(f.events[slot]);
             return polled != cudaErrorNotReady;
           })) {
-        expire_for("for an earlier all-reduce to complete", f.sequences[slot]);
+        expire_for("for an earlier collective to complete", f.sequences[slot]);
       }
-      if (polled != cudaSuccess) check_cuda(polled, "cudaEventQuery (an earlier all-reduce)");
+      if (polled != cudaSuccess) check_cuda(polled, "cudaEventQuery (an earlier collective)");
     } else if (q != cudaSuccess) {
-      check_cuda(q, "cudaEventQuery (an earlier all-reduce)");
+      check_cuda(q, "cudaEventQuery (an earlier collective)");
     }
     f.oldest = (f.oldest + 1) % max_in_flight;
     --f.count;
@@ -390,41 +400,31 @@ void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_typ
     ncclResult_t failed = ncclSuccess;
     {
       group_scope group;
-      for (std::size_t i = 0; i < buffers.size() && failed == ncclSuccess; ++i) {
-        if (counts[i] == 0) continue;
-        const ncclResult_t r =
-            ncclAllReduce(buffers[i], buffers[i], counts[i], nccl_type(type), nccl_op(op, type), comm, s);
-        if (classify(r, ncclSuccess) == progress::failed) failed = r;
-      }
+      failed = calls(comm);
       end = group.end();
     }
     if (failed != ncclSuccess) {
       lock.unlock();
-      abort_and_fail(c, failed, "ncclAllReduce");
+      abort_and_fail(c, failed, call);
     }
   }
   if (classify(end, ncclSuccess) == progress::failed) abort_and_fail(c, end, "ncclGroupEnd");
-  // Non-blocking communicators may still be enqueuing (ncclInProgress): wait for that first. An
+  // Non-blocking communicators may still be enqueuing (ncclInProgress): wait for that first (NCCL
+  // orders later work on the stream after the collective only once it is enqueued). An
   // asynchronous error instead of success is a failure, not "enqueued".
   if (end == ncclInProgress) {
     if (!wait_until(c, me, deadline, [&] {
           ncclResult_t state = ncclSuccess;
           const progress p = poll(c, me, state);
-          if (p == progress::failed) abort_and_fail(c, state, "ncclGroupEnd (enqueuing the all-reduce)");
+          if (p == progress::failed) abort_and_fail(c, state, std::string("ncclGroupEnd (enqueuing the ") + noun + ")");
           return p == progress::done;
         })) {
-      expire_for("for NCCL to enqueue the all-reduce", sequence);
+      expire_for(std::string("for NCCL to enqueue the ") + noun, sequence);
     }
   }
-  if (op == ReduceOp::mean && !is_float(type)) {
-    for (std::size_t i = 0; i < buffers.size(); ++i) {
-      const int e =
-          cuda::impl::launch_divide(stream, type, buffers[i], counts[i], static_cast<std::size_t>(c.nranks));
-      if (e != 0) check_cuda(static_cast<cudaError_t>(e), "the divide kernel launch");
-    }
-  }
+  after();
   // Completion is watched, not waited for: the event joins this rank's ring with its deadline,
-  // and the next all-reduce on this rank (or destroy_comms) retires it or times it out. So the
+  // and the next collective on this rank (or destroy_comms) retires it or times it out. So the
   // host returns once the work is enqueued (architecture.md 2.7); a lost peer cannot enqueue
   // anything here unnoticed, since NcclAllReduce's agreement exchange precedes every call.
   const std::size_t slot = (f.oldest + f.count) % max_in_flight;
@@ -432,6 +432,168 @@ void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_typ
   f.deadlines[slot] = deadline;
   f.sequences[slot] = sequence;
   ++f.count;
+}
+
+std::size_t element_bytes(cuda::element_type t) noexcept {
+  switch (t) {
+    case cuda::element_type::f64:
+    case cuda::element_type::i64: return 8;
+    case cuda::element_type::f32:
+    case cuda::element_type::i32: return 4;
+    case cuda::element_type::f16:
+    case cuda::element_type::bf16: return 2;
+    case cuda::element_type::u8: return 1;
+  }
+  return 4;
+}
+
+// The integer mean: NCCL summed, and C++'s division (truncation) follows on the stream.
+void divide_for_mean(void* stream, cuda::element_type type, void* p, std::size_t n, int nranks) {
+  if (n == 0) return;
+  const int e = cuda::impl::launch_divide(stream, type, p, n, static_cast<std::size_t>(nranks));
+  if (e != 0) check_cuda(static_cast<cudaError_t>(e), "the divide kernel launch");
+}
+
+char* at(void* p, std::size_t elements, std::size_t bytes) noexcept { return static_cast<char*>(p) + elements * bytes; }
+const char* at(const void* p, std::size_t elements, std::size_t bytes) noexcept {
+  return static_cast<const char*>(p) + elements * bytes;
+}
+
+}  // namespace
+
+void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_type type,
+                std::span<void* const> buffers, std::span<const std::size_t> counts,
+                std::chrono::milliseconds timeout) {
+  auto s = static_cast<cudaStream_t>(stream);
+  enqueue_group(
+      c, rank, s, timeout, "all-reduce", "ncclAllReduce",
+      [&](ncclComm_t comm) {
+        for (std::size_t i = 0; i < buffers.size(); ++i) {
+          if (counts[i] == 0) continue;
+          const ncclResult_t r =
+              ncclAllReduce(buffers[i], buffers[i], counts[i], nccl_type(type), nccl_op(op, type), comm, s);
+          if (classify(r, ncclSuccess) == progress::failed) return r;
+        }
+        return ncclSuccess;
+      },
+      [&] {
+        if (op != ReduceOp::mean || is_float(type)) return;
+        for (std::size_t i = 0; i < buffers.size(); ++i) divide_for_mean(stream, type, buffers[i], counts[i], c.nranks);
+      });
+}
+
+std::size_t reduce_scatter_scratch(const comms& c, std::span<const std::size_t> sizes) noexcept {
+  const std::size_t n_ranks = static_cast<std::size_t>(c.nranks);
+  std::size_t total = 0;
+  for (const std::size_t n : sizes) {
+    if (n % n_ranks != 0) total += n_ranks * (n / n_ranks + 1);
+  }
+  return total;
+}
+
+void reduce_scatter(comms& c, int rank, void* stream, ReduceOp op, cuda::element_type type,
+                    std::span<const void* const> in, std::span<void* const> out, std::span<const std::size_t> sizes,
+                    void* scratch, std::chrono::milliseconds timeout) {
+  auto s = static_cast<cudaStream_t>(stream);
+  const int N = c.nranks;
+  const int g = c.first_rank + rank;
+  const std::size_t es = element_bytes(type), n_ranks = static_cast<std::size_t>(N);
+  // Where each leaf is reduced: in place in the leaf when its length is a multiple of N (NCCL's
+  // equal blocks are then exactly the cuts), else in a padded block of the scratch (offset per
+  // leaf; none for the others).
+  std::vector<std::size_t> padded_at(sizes.size(), 0);
+  std::size_t used = 0;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const std::size_t n = sizes[k];
+    if (n % n_ranks == 0) continue;
+    padded_at[k] = used;
+    const std::size_t b = n / n_ranks, e = n % n_ranks, block = b + 1;
+    char* const pad = at(scratch, used, es);
+    // Cuts 0..e-1 (b+1 elements each) are the leaf's first e*(b+1) elements, already in block
+    // layout; cuts e..N-1 (b each) go one per block of b+1, leaving the last element of each, which
+    // is zeroed: every rank reduces the same defined values there, and nobody reads the result.
+    check_cuda(cudaMemcpyAsync(pad, in[k], e * block * es, cudaMemcpyDeviceToDevice, s),
+               "cudaMemcpyAsync (reduce_scatter: the leaf into the padded scratch)");
+    if (b > 0) {
+      check_cuda(cudaMemcpy2DAsync(at(pad, e * block, es), block * es, at(in[k], e * block, es), b * es, b * es,
+                                   n_ranks - e, cudaMemcpyDeviceToDevice, s),
+                 "cudaMemcpy2DAsync (reduce_scatter: the short cuts into the padded scratch)");
+    }
+    check_cuda(cudaMemset2DAsync(at(pad, e * block + b, es), block * es, 0, es, n_ranks - e, s),
+               "cudaMemset2DAsync (reduce_scatter: the padding)");
+    used += n_ranks * block;
+  }
+  enqueue_group(
+      c, rank, s, timeout, "reduce-scatter", "ncclReduceScatter",
+      [&](ncclComm_t comm) {
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          const std::size_t n = sizes[k];
+          if (n == 0) continue;
+          const std::size_t block = (n + n_ranks - 1) / n_ranks;
+          // Padded leaves are reduced in place in the scratch (recvbuff = sendbuff + rank * count).
+          const void* send = n % n_ranks == 0 ? in[k] : at(scratch, padded_at[k], es);
+          void* recv = n % n_ranks == 0 ? out[k] : at(scratch, padded_at[k] + static_cast<std::size_t>(g) * block, es);
+          const ncclResult_t r = ncclReduceScatter(send, recv, block, nccl_type(type), nccl_op(op, type), comm, s);
+          if (classify(r, ncclSuccess) == progress::failed) return r;
+        }
+        return ncclSuccess;
+      },
+      [&] {
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          const std::size_t n = sizes[k];
+          const std::size_t mine = mirror::detail::replica_rows(n, N, g).second;
+          if (n % n_ranks != 0 && mine > 0) {
+            const std::size_t block = n / n_ranks + 1;
+            check_cuda(cudaMemcpyAsync(out[k], at(scratch, padded_at[k] + static_cast<std::size_t>(g) * block, es),
+                                       mine * es, cudaMemcpyDeviceToDevice, s),
+                       "cudaMemcpyAsync (reduce_scatter: the cut out of the padded scratch)");
+          }
+          if (op == ReduceOp::mean && !is_float(type)) divide_for_mean(stream, type, out[k], mine, N);
+        }
+      });
+}
+
+void all_gather(comms& c, int rank, void* stream, cuda::element_type type, std::span<const void* const> in,
+                std::span<void* const> out, std::span<const std::size_t> counts, std::chrono::milliseconds timeout) {
+  auto s = static_cast<cudaStream_t>(stream);
+  const std::size_t n_ranks = static_cast<std::size_t>(c.nranks), k_leaves = in.size();
+  const int g = c.first_rank + rank;
+  if (counts.size() != n_ranks * k_leaves) {
+    throw std::invalid_argument("mirror::nccl::impl::all_gather: counts has " + std::to_string(counts.size()) +
+                                " entries, not ranks * leaves = " + std::to_string(n_ranks * k_leaves) +
+                                "; pass every rank's count of every leaf");
+  }
+  const std::size_t es = element_bytes(type);
+  enqueue_group(
+      c, rank, s, timeout, "all-gather", "ncclAllGather or ncclBroadcast",
+      [&](ncclComm_t comm) {
+        for (std::size_t k = 0; k < k_leaves; ++k) {
+          bool equal = true;
+          for (std::size_t r = 1; r < n_ranks; ++r) equal = equal && counts[r * k_leaves + k] == counts[k];
+          if (equal) {
+            if (counts[k] == 0) continue;
+            const ncclResult_t r = ncclAllGather(in[k], out[k], counts[k], nccl_type(type), comm, s);
+            if (classify(r, ncclSuccess) == progress::failed) return r;
+            continue;
+          }
+          // Counts that differ: NCCL's allgatherv recipe, one broadcast per rank into its offset,
+          // all in this group (NCCL runs them together).
+          std::size_t offset = 0;
+          for (std::size_t r = 0; r < n_ranks; ++r) {
+            const std::size_t count = counts[r * k_leaves + k];
+            if (count == 0) continue;
+            void* recv = at(out[k], offset, es);
+            // sendbuff is read on the root only; elsewhere it is given the (valid) receive address.
+            const void* send = static_cast<int>(r) == g ? in[k] : recv;
+            const ncclResult_t res =
+                ncclBroadcast(send, recv, count, nccl_type(type), static_cast<int>(r), comm, s);
+            if (classify(res, ncclSuccess) == progress::failed) return res;
+            offset += count;
+          }
+        }
+        return ncclSuccess;
+      },
+      [] {});
 }
 
 }  // namespace mirror::nccl::impl

@@ -48,6 +48,29 @@ int first_rank(const comms&) noexcept;
 void all_reduce(comms&, int rank, void* stream, ReduceOp op, cuda::element_type type, std::span<void* const> buffers,
                 std::span<const std::size_t> counts, std::chrono::milliseconds timeout);
 
+/// Elements of scratch device memory `reduce_scatter` needs for leaves of `sizes`: N*ceil(n/N)
+/// for each leaf whose length n is not a multiple of the N ranks, 0 for the others.
+std::size_t reduce_scatter_scratch(const comms&, std::span<const std::size_t> sizes) noexcept;
+
+/// On local rank `rank`'s thread: for every leaf k, `out[k]` receives the `op`-reduction over all
+/// ranks of this rank's cut of `in[k]` (`sizes[k]` elements, cut g = detail::replica_rows(sizes[k],
+/// N, g) for NCCL rank g), in one NCCL group on `stream`, watched as `all_reduce` is. `out[k]`
+/// may be the cut's own place in `in[k]`. A leaf whose length is a multiple of N is one
+/// ncclReduceScatter from the leaf itself; any other goes through `scratch`
+/// (`reduce_scatter_scratch` elements on the rank's device): copied into N blocks of ceil(n/N),
+/// block r holding cut r and a zero, reduce-scattered there in place, and its cut copied out.
+void reduce_scatter(comms&, int rank, void* stream, ReduceOp op, cuda::element_type type,
+                    std::span<const void* const> in, std::span<void* const> out, std::span<const std::size_t> sizes,
+                    void* scratch, std::chrono::milliseconds timeout);
+
+/// On local rank `rank`'s thread: for every leaf k, `out[k]` receives the concatenation over NCCL
+/// ranks r = 0..N-1 of rank r's `in[k]` (`counts[r*K + k]` elements, K = in.size(); the same
+/// counts on every rank), in one NCCL group on `stream`, watched as `all_reduce` is. One
+/// ncclAllGather for a leaf whose counts are all equal, else one ncclBroadcast per rank with a
+/// non-empty piece (rooted there, into its offset: NCCL's way to an all-gather of unequal counts).
+void all_gather(comms&, int rank, void* stream, cuda::element_type type, std::span<const void* const> in,
+                std::span<void* const> out, std::span<const std::size_t> counts, std::chrono::milliseconds timeout);
+
 /// The NCCL version of the library loaded at run time (ncclGetVersion), e.g. 22809.
 int version() noexcept;
 

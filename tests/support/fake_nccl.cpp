@@ -10,7 +10,8 @@
 // the thread's last error (as the issue found), and a launch reports that error as its own, as a
 // launch check that reads cudaGetLastError() does; a collective is enqueued (ncclGroupEnd's
 // ncclInProgress resolves) only once every rank has launched it, and completes then unless its
-// rank is scripted to hang.
+// rank is scripted to hang. Collectives: all-reduce, reduce-scatter, all-gather and broadcast, for
+// every ncclRedOp_t mirror uses, on float, double and 32- and 64-bit integers.
 #include "support/fake_nccl.hpp"
 
 #include <cuda_runtime_api.h>
@@ -32,11 +33,29 @@
 
 namespace {
 
+enum class kind { all_reduce, reduce_scatter, all_gather, broadcast };
+const char* name_of(kind k) {
+  switch (k) {
+    case kind::all_reduce: return "ncclAllReduce";
+    case kind::reduce_scatter: return "ncclReduceScatter";
+    case kind::all_gather: return "ncclAllGather";
+    case kind::broadcast: return "ncclBroadcast";
+  }
+  return "?";
+}
+
+// One NCCL call of a group, as the rank made it. `count` is NCCL's: the whole buffer for an
+// all-reduce and a broadcast, each rank's block for a reduce-scatter (recvcount) and an all-gather
+// (sendcount).
 struct queued {
+  kind what;
   ncclComm* comm;
-  void* buffer;
+  const void* send;
+  void* recv;
   std::size_t count;
   ncclDataType_t type;
+  ncclRedOp_t op;
+  int root;
   cudaStream_t stream;
 };
 
@@ -120,14 +139,104 @@ bool collective_done(const last_collective& l) {
 }
 
 template <class T>
-void reduce_sum(std::vector<std::vector<queued>>& ranks) {
-  for (std::size_t op = 0; op < ranks[0].size(); ++op) {
-    std::vector<T> sum(ranks[0][op].count, T{});
-    for (auto& r : ranks) {
-      const T* x = static_cast<const T*>(r[op].buffer);
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += x[i];
+T reduce_two(ncclRedOp_t op, T a, T b) {
+  switch (op) {
+    case ncclProd: return static_cast<T>(a * b);
+    case ncclMin: return b < a ? b : a;
+    case ncclMax: return a < b ? b : a;
+    default: return static_cast<T>(a + b);  // ncclSum, ncclAvg (divided at the end)
+  }
+}
+
+// The bytes [p, p + n) and [q, q + m) overlap.
+bool overlap(const void* p, std::size_t n, const void* q, std::size_t m) {
+  const char *a = static_cast<const char*>(p), *b = static_cast<const char*>(q);
+  return a < b + m && b < a + n;
+}
+
+// Call `op` of every rank's group, once all have launched: NCCL's semantics over host memory,
+// reducing in rank order (so a test's reference is the serial fold from rank 0). Every input is
+// read before any output is written, which is what makes NCCL's in-place forms work here; any
+// other overlap of a rank's send and receive buffers is a violation, as is ranks disagreeing on
+// the call (a different kind, count, type, op or root would hang or corrupt on a GPU).
+template <class T>
+void run_call(std::vector<std::vector<queued>>& ranks, std::size_t op) {
+  const std::size_t n_ranks = ranks.size();
+  const queued& q0 = ranks[0][op];
+  for (auto& r : ranks) {
+    const queued& q = r[op];
+    if (q.what != q0.what || q.count != q0.count || q.type != q0.type || q.op != q0.op || q.root != q0.root) {
+      seen.violations.push_back(std::string("ranks disagree on call ") + std::to_string(op) + " of a group: " +
+                                name_of(q.what) + " of " + std::to_string(q.count) + " vs " + name_of(q0.what) +
+                                " of " + std::to_string(q0.count));
+      return;
     }
-    for (auto& r : ranks) std::memcpy(r[op].buffer, sum.data(), sum.size() * sizeof(T));
+  }
+  const std::size_t c = q0.count;
+  const std::size_t in_count = q0.what == kind::reduce_scatter ? c * n_ranks : c;
+  const std::size_t out_count = q0.what == kind::all_gather ? c * n_ranks : c;
+  for (std::size_t r = 0; r < n_ranks; ++r) {
+    const queued& q = ranks[r][op];
+    const bool reads = q0.what != kind::broadcast || static_cast<int>(r) == q0.root;
+    if (!reads || !overlap(q.send, in_count * sizeof(T), q.recv, out_count * sizeof(T))) continue;
+    const bool in_place = q.what == kind::reduce_scatter
+                              ? q.recv == static_cast<const char*>(q.send) + r * c * sizeof(T)
+                          : q.what == kind::all_gather ? q.send == static_cast<const char*>(q.recv) + r * c * sizeof(T)
+                                                        : q.send == q.recv;
+    if (!in_place) seen.violations.push_back(std::string(name_of(q.what)) + ": send and receive buffers overlap, not in place");
+  }
+  std::vector<std::vector<T>> inputs(n_ranks);
+  for (std::size_t r = 0; r < n_ranks; ++r) {
+    const queued& q = ranks[r][op];
+    if (q0.what == kind::broadcast && static_cast<int>(r) != q0.root) continue;
+    const T* x = static_cast<const T*>(q.send);
+    inputs[r].assign(x, x + in_count);
+  }
+  switch (q0.what) {
+    case kind::all_reduce:
+    case kind::reduce_scatter: {
+      std::vector<T> acc = inputs[0];
+      for (std::size_t r = 1; r < n_ranks; ++r) {
+        for (std::size_t i = 0; i < in_count; ++i) acc[i] = reduce_two(q0.op, acc[i], inputs[r][i]);
+      }
+      if (q0.op == ncclAvg) {
+        for (T& a : acc) a = static_cast<T>(a / static_cast<T>(n_ranks));
+      }
+      for (std::size_t r = 0; r < n_ranks; ++r) {
+        const std::size_t from = q0.what == kind::reduce_scatter ? r * c : 0;
+        std::memcpy(ranks[r][op].recv, acc.data() + from, c * sizeof(T));
+      }
+      break;
+    }
+    case kind::all_gather:
+      for (std::size_t r = 0; r < n_ranks; ++r) {
+        for (std::size_t from = 0; from < n_ranks; ++from) {
+          std::memcpy(static_cast<T*>(ranks[r][op].recv) + from * c, inputs[from].data(), c * sizeof(T));
+        }
+      }
+      break;
+    case kind::broadcast:
+      for (auto& r : ranks) std::memcpy(r[op].recv, inputs[static_cast<std::size_t>(q0.root)].data(), c * sizeof(T));
+      break;
+  }
+}
+
+void run_group(std::vector<std::vector<queued>>& ranks) {
+  for (auto& r : ranks) {
+    if (r.size() != ranks[0].size()) {
+      seen.violations.push_back("ranks launched groups of different lengths (" + std::to_string(r.size()) + " vs " +
+                                std::to_string(ranks[0].size()) + " calls)");
+      return;
+    }
+  }
+  for (std::size_t op = 0; op < ranks[0].size(); ++op) {
+    switch (ranks[0][op].type) {
+      case ncclFloat64: run_call<double>(ranks, op); break;
+      case ncclInt32: run_call<std::int32_t>(ranks, op); break;
+      case ncclInt64: run_call<std::int64_t>(ranks, op); break;
+      case ncclFloat32: run_call<float>(ranks, op); break;
+      default: seen.violations.push_back("an element type the fake does not model"); return;
+    }
   }
 }
 
@@ -252,6 +361,20 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind, cudaStream_t) {
   std::memcpy(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                              std::size_t height, cudaMemcpyKind, cudaStream_t) {
+  if (width > dpitch || width > spitch) return last = cudaErrorInvalidPitchValue;
+  for (std::size_t row = 0; row < height; ++row) {
+    std::memcpy(static_cast<char*>(dst) + row * dpitch, static_cast<const char*>(src) + row * spitch, width);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaMemset2DAsync(void* p, std::size_t pitch, int value, std::size_t width, std::size_t height,
+                              cudaStream_t) {
+  if (width > pitch) return last = cudaErrorInvalidPitchValue;
+  for (std::size_t row = 0; row < height; ++row) std::memset(static_cast<char*>(p) + row * pitch, value, width);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyPeerAsync(void* dst, int, const void* src, int, std::size_t n, cudaStream_t) {
@@ -429,18 +552,38 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   all_comms.push_back(std::move(c));
   return ncclInProgress;
 }
-ncclResult_t ncclAllReduce(const void*, void* recv, std::size_t count, ncclDataType_t type, ncclRedOp_t, ncclComm_t comm,
-                           cudaStream_t stream) {
-  const inside in(comm, "ncclAllReduce");
-  if (depth == 0) violation("ncclAllReduce outside a group");
+namespace {
+// What every collective call does here: the rules, the count, a scripted failure, and the call
+// queued on the thread's group.
+ncclResult_t queue(const queued& q, int& counter) {
+  const inside in(q.comm, name_of(q.what));
+  if (depth == 0) violation(std::string(name_of(q.what)) + " outside a group");
   int call = 0;
   {
     std::lock_guard g(lock);
-    call = ++seen.all_reduce_calls;
+    call = ++counter;
   }
-  if (call == plan.fail_all_reduce_call) return group_error = ncclInvalidArgument;
-  group_ops.push_back({comm, recv, count, type, stream});
+  if (q.what == kind::all_reduce && call == plan.fail_all_reduce_call) return group_error = ncclInvalidArgument;
+  group_ops.push_back(q);
   return ncclSuccess;
+}
+}  // namespace
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+  return queue({kind::all_reduce, comm, send, recv, count, type, op, 0, stream}, seen.all_reduce_calls);
+}
+ncclResult_t ncclReduceScatter(const void* send, void* recv, std::size_t recvcount, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return queue({kind::reduce_scatter, comm, send, recv, recvcount, type, op, 0, stream}, seen.reduce_scatter_calls);
+}
+ncclResult_t ncclAllGather(const void* send, void* recv, std::size_t sendcount, ncclDataType_t type, ncclComm_t comm,
+                           cudaStream_t stream) {
+  return queue({kind::all_gather, comm, send, recv, sendcount, type, ncclSum, 0, stream}, seen.all_gather_calls);
+}
+ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, ncclDataType_t type, int root,
+                           ncclComm_t comm, cudaStream_t stream) {
+  return queue({kind::broadcast, comm, send, recv, count, type, ncclSum, root, stream}, seen.broadcast_calls);
 }
 ncclResult_t ncclGroupEnd() {
   if (depth == 0) {
@@ -469,13 +612,7 @@ ncclResult_t ncclGroupEnd() {
   bool all = true;
   for (const std::uint64_t n : w.launched) all = all && n >= seq;
   if (all) {
-    if (ops[0].type == ncclFloat64) {
-      reduce_sum<double>(per_rank);
-    } else if (ops[0].type == ncclInt32) {
-      reduce_sum<std::int32_t>(per_rank);
-    } else {
-      reduce_sum<float>(per_rank);
-    }
+    run_group(per_rank);
     w.data.erase(seq);
   }
   if (plan.group_end == ncclInProgress) c->enqueuing = seq;

@@ -36,7 +36,10 @@ void reset(const script& s = {});
 /// What happened since reset().
 struct record {
   int all_reduce_calls = 0;   // ncclAllReduce
-  int groups_launched = 0;    // ncclGroupEnd that launched all-reduces
+  int reduce_scatter_calls = 0;  // ncclReduceScatter
+  int all_gather_calls = 0;   // ncclAllGather
+  int broadcast_calls = 0;    // ncclBroadcast
+  int groups_launched = 0;    // ncclGroupEnd that launched collectives
   int aborts = 0;             // ncclCommAbort
   int destroys = 0;           // ncclCommDestroy
   int not_ready_queries = 0;  // cudaEventQuery answered cudaErrorNotReady

@@ -10,11 +10,13 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <stdexcept>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 #include <backends/nccl/nccl_comms.hpp>
+#include <mirror/detail/replica_rows.hpp>
 #include <mirror/error.hpp>
 #include "support/fake_nccl.hpp"
 
@@ -204,4 +206,236 @@ TEST_CASE("nccl: a replica still draining its own ring is named missing, and the
   REQUIRE_THROWS_AS(std::rethrow_exception(rank1_error), mirror::backend_error);
   REQUIRE(fake_nccl::snapshot().aborts == 2);
   require_rules_kept();  // in particular: no abort while rank 1 was inside ncclCommGetAsyncError
+}
+
+// ---- reduce_scatter and all_gather: the packing and offsets against serial references ----
+
+namespace {
+
+// Every rank's call on its own thread (rank r of `c`), as replicas make them.
+template <class F>
+void on_every_rank(int ranks, F&& f) {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        f(r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+std::vector<int> first_devices(int n) {
+  std::vector<int> d;
+  for (int i = 0; i < n; ++i) d.push_back(i);
+  return d;
+}
+
+// Rank r's element i of leaf k: distinct across ranks, leaves and positions (a cut read from the
+// wrong offset shows), small enough that a product over 4 ranks is exact in every type.
+template <class T>
+T input(int r, std::size_t k, std::size_t i) {
+  return static_cast<T>(static_cast<long>((i * 37 + static_cast<std::size_t>(r) * 11 + k * 5) % 101) - 50);
+}
+
+// The op-reduction of element i of leaf k over ranks 0..N-1, folded serially in rank order; mean
+// is that sum divided as C++ divides T.
+template <class T>
+T reference(ReduceOp op, int N, std::size_t k, std::size_t i) {
+  T acc = input<T>(0, k, i);
+  for (int r = 1; r < N; ++r) {
+    const T x = input<T>(r, k, i);
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::mean: acc = static_cast<T>(acc + x); break;
+      case ReduceOp::prod: acc = static_cast<T>(acc * x); break;
+      case ReduceOp::min: acc = x < acc ? x : acc; break;
+      case ReduceOp::max: acc = acc < x ? x : acc; break;
+    }
+  }
+  return op == ReduceOp::mean ? static_cast<T>(acc / static_cast<T>(N)) : acc;
+}
+
+template <class T>
+constexpr element_type type_of() {
+  return mirror::cuda::element_type_of<T>();
+}
+
+// Leaf lengths of one reduce_scatter: empty, shorter than N, exact multiples and ragged ones,
+// in one group.
+std::vector<std::size_t> leaf_sizes(int N) {
+  const auto n = static_cast<std::size_t>(N);
+  return {0, 1, n - 1 > 0 ? n - 1 : 2, n, 2 * n + 1, 7 * n, 3 * n + n / 2 + 1, 10};
+}
+
+// Every rank reduce-scatters `leaf_sizes(N)` leaves of T with `op`; `in_place`: each rank's out
+// is its cut's place in its own leaf. Checks every rank's cut and, in place, that the rest of
+// its leaf is untouched.
+template <class T>
+void check_reduce_scatter(int N, ReduceOp op, bool in_place) {
+  CAPTURE(N, mirror::to_string(op), in_place);
+  comms_ptr c(first_devices(N));
+  const std::vector<std::size_t> sizes = leaf_sizes(N);
+  const std::size_t K = sizes.size();
+  std::vector<std::vector<std::vector<T>>> leaves(static_cast<std::size_t>(N)), outs(static_cast<std::size_t>(N));
+  for (int r = 0; r < N; ++r) {
+    auto& mine = leaves[static_cast<std::size_t>(r)];
+    for (std::size_t k = 0; k < K; ++k) {
+      mine.emplace_back(sizes[k]);
+      for (std::size_t i = 0; i < sizes[k]; ++i) mine[k][i] = input<T>(r, k, i);
+      outs[static_cast<std::size_t>(r)].emplace_back(mirror::detail::replica_rows(sizes[k], N, r).second,
+                                                     T{99});
+    }
+  }
+  const std::size_t scratch_elements = nccl::reduce_scatter_scratch(*c, sizes);
+  on_every_rank(N, [&](int r) {
+    const auto me = static_cast<std::size_t>(r);
+    std::vector<const void*> in;
+    std::vector<void*> out;
+    for (std::size_t k = 0; k < K; ++k) {
+      in.push_back(leaves[me][k].data());
+      out.push_back(in_place ? leaves[me][k].data() + mirror::detail::replica_rows(sizes[k], N, r).first
+                             : static_cast<void*>(outs[me][k].data()));
+    }
+    std::vector<T> scratch(scratch_elements);
+    fake_nccl::stream s{r};
+    nccl::reduce_scatter(*c, r, &s, op, type_of<T>(), in, out, sizes, scratch.data(), 5s);
+  });
+  for (int r = 0; r < N; ++r) {
+    const auto me = static_cast<std::size_t>(r);
+    for (std::size_t k = 0; k < K; ++k) {
+      CAPTURE(r, k, sizes[k]);
+      const auto [first, count] = mirror::detail::replica_rows(sizes[k], N, r);
+      const T* got = in_place ? leaves[me][k].data() + first : outs[me][k].data();
+      for (std::size_t i = 0; i < count; ++i) REQUIRE(got[i] == reference<T>(op, N, k, first + i));
+      if (in_place) {
+        for (std::size_t i = 0; i < sizes[k]; ++i) {
+          if (i < first || i >= first + count) REQUIRE(leaves[me][k][i] == input<T>(r, k, i));
+        }
+      } else {
+        for (std::size_t i = 0; i < sizes[k]; ++i) REQUIRE(leaves[me][k][i] == input<T>(r, k, i));
+      }
+    }
+  }
+  require_rules_kept();
+}
+
+}  // namespace
+
+TEST_CASE("nccl: reduce_scatter_scratch pads only the leaves whose length is not a multiple of the ranks",
+          "[nccl][fake]") {
+  fake_nccl::reset();
+  comms_ptr c({0, 1, 2});
+  const std::size_t none[] = {0, 3, 9};
+  REQUIRE(nccl::reduce_scatter_scratch(*c, none) == 0);
+  const std::size_t ragged[] = {1, 3, 10, 6};
+  REQUIRE(nccl::reduce_scatter_scratch(*c, ragged) == 3 * 1 + 3 * 4);
+}
+
+TEMPLATE_TEST_CASE("nccl: reduce_scatter gives each rank the reduction of its batch-split cut, every op, ragged "
+                   "and empty leaves, into a separate output or in place",
+                   "[nccl][fake]", float, double, std::int32_t, std::int64_t) {
+  for (const int N : {1, 2, 3, 4}) {
+    for (const auto op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::mean}) {
+      for (const bool in_place : {false, true}) {
+        fake_nccl::reset();
+        check_reduce_scatter<TestType>(N, op, in_place);
+      }
+    }
+  }
+}
+
+TEST_CASE("nccl: reduce_scatter makes one ncclReduceScatter per non-empty leaf, all in one group", "[nccl][fake]") {
+  fake_nccl::reset();
+  check_reduce_scatter<float>(3, ReduceOp::sum, false);
+  const auto seen = fake_nccl::snapshot();
+  const std::size_t nonempty = 7;  // leaf_sizes(3): one of the eight is empty
+  REQUIRE(seen.reduce_scatter_calls == static_cast<int>(3 * nonempty));
+  REQUIRE(seen.groups_launched == 3);
+  REQUIRE(seen.all_reduce_calls == 0);
+}
+
+TEMPLATE_TEST_CASE("nccl: all_gather concatenates every rank's leaf in rank order, equal and unequal counts",
+                   "[nccl][fake]", float, std::int64_t) {
+  using T = TestType;
+  for (const int N : {1, 2, 3, 4}) {
+    CAPTURE(N);
+    fake_nccl::reset();
+    comms_ptr c(first_devices(N));
+    // Leaf 0: equal counts (one ncclAllGather); leaf 1: rank r has r + 1 elements (a broadcast
+    // per rank); leaf 2: only odd ranks have elements (empty pieces skipped); leaf 3: empty
+    // everywhere.
+    auto count = [&](int r, std::size_t k) -> std::size_t {
+      switch (k) {
+        case 0: return 5;
+        case 1: return static_cast<std::size_t>(r) + 1;
+        case 2: return r % 2 == 1 ? 3 : 0;
+        default: return 0;
+      }
+    };
+    const std::size_t K = 4;
+    std::vector<std::size_t> counts;
+    for (int r = 0; r < N; ++r) {
+      for (std::size_t k = 0; k < K; ++k) counts.push_back(count(r, k));
+    }
+    std::vector<std::vector<std::vector<T>>> ins(static_cast<std::size_t>(N)), outs(static_cast<std::size_t>(N));
+    for (int r = 0; r < N; ++r) {
+      for (std::size_t k = 0; k < K; ++k) {
+        std::size_t total = 0;
+        for (int g = 0; g < N; ++g) total += count(g, k);
+        std::vector<T> mine(count(r, k));
+        for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = input<T>(r, k, i);
+        ins[static_cast<std::size_t>(r)].push_back(std::move(mine));
+        outs[static_cast<std::size_t>(r)].emplace_back(total, T{99});
+      }
+    }
+    on_every_rank(N, [&](int r) {
+      const auto me = static_cast<std::size_t>(r);
+      std::vector<const void*> in;
+      std::vector<void*> out;
+      for (std::size_t k = 0; k < K; ++k) {
+        in.push_back(ins[me][k].data());
+        out.push_back(outs[me][k].data());
+      }
+      fake_nccl::stream s{r};
+      nccl::all_gather(*c, r, &s, type_of<T>(), in, out, counts, 5s);
+    });
+    for (int r = 0; r < N; ++r) {
+      for (std::size_t k = 0; k < K; ++k) {
+        CAPTURE(r, k);
+        std::vector<T> want;
+        for (int g = 0; g < N; ++g) {
+          for (std::size_t i = 0; i < count(g, k); ++i) want.push_back(input<T>(g, k, i));
+        }
+        REQUIRE(outs[static_cast<std::size_t>(r)][k] == want);
+      }
+    }
+    const auto seen = fake_nccl::snapshot();
+    // Leaf 0 (and, on one rank, leaves 1 and 2 too: one count is always "all equal") by
+    // ncclAllGather; the others by one broadcast per non-empty piece.
+    const int gathers = N == 1 ? 2 : 1;
+    int broadcasts = 0;
+    if (N > 1) broadcasts = N + N / 2;
+    REQUIRE(seen.all_gather_calls == N * gathers);
+    REQUIRE(seen.broadcast_calls == N * broadcasts);
+    require_rules_kept();
+  }
+}
+
+TEST_CASE("nccl: all_gather refuses counts that are not ranks x leaves", "[nccl][fake]") {
+  fake_nccl::reset();
+  comms_ptr c({0});
+  fake_nccl::stream s{0};
+  std::vector<float> x(2), y(2);
+  const void* in[] = {x.data()};
+  void* out[] = {y.data()};
+  const std::size_t counts[] = {2, 2};
+  REQUIRE_THROWS_AS(nccl::all_gather(*c, 0, &s, element_type::f32, in, out, counts, 5s), std::invalid_argument);
 }
