@@ -168,6 +168,82 @@ struct NcclAllReduce {
     }
   }
 
+  /// The `reduce_scatter` of the ops-policy interface (architecture.md 2.9), called by every
+  /// replica for the leaves of one element type: one `ncclReduceScatter` per non-empty leaf, in
+  /// one NCCL group on the replica's stream, returning once enqueued and watched as `all_reduce`
+  /// is. Cut g of a leaf of n elements is `detail::replica_rows(n, N, g)` (the first n mod N
+  /// replicas one element more), which NCCL's equal blocks match only when N divides n: such a
+  /// leaf is reduce-scattered from itself (in place when `out` is its own cut), any other is
+  /// copied into N blocks of ceil(n/N) of the replica's scratch (block r = cut r and a zero),
+  /// reduce-scattered there, and its cut copied out. (Chosen over N `ncclReduce` calls, one
+  /// rooted at each cut: the same bytes on the links, but N collectives per leaf instead of one,
+  /// so N launches and latencies; the copies cost two device-memory passes over the leaf, far
+  /// below the links' share.) `num_packs` does not apply: the group launches the leaves together.
+  ///
+  /// **Bits**: `min` and `max` are exact, integer ops exact (as two's complement), and with one
+  /// or two replicas every op gives the same bits as `all_reduce` (two operands commute
+  /// exactly). Floating-point `sum`, `prod` and `mean` on three replicas or more: NCCL may
+  /// combine the replicas' values of an element in another order in a reduce-scatter than in an
+  /// all-reduce (another algorithm, and ring steps that depend on the element's offset in the
+  /// buffer, which packing changes too), so the last bits can differ from this policy's
+  /// `all_reduce`; they are the same from run to run for the same N, sizes, NCCL version and
+  /// topology. `mean` is `ncclAvg` for floating point, a sum divided as C++ divides for integers.
+  template <class Rt, class E>
+    requires std::derived_from<Rt, cuda::runtime>
+  void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
+                      const detail::segment_list<Rt, E>& out) const {
+    Rt& rt = c.runtime();
+    const int self = c.self();
+    detail::worker_group* const workers = workers_of(rt);
+    nccl::impl::comms& comms = comms_of(rt, workers);
+    // (Before the exchange: growing the scratch synchronises the replicas' streams.)
+    const std::size_t padded = nccl::impl::reduce_scatter_scratch(comms, in.sizes);
+    E* const scratch = padded > 0 ? rt.template scratch<E>(self, padded).ptr : nullptr;
+    if (workers != nullptr && self == 0 && workers->num_workers() > 1) {
+      workers->check_all_reduce(in.total, kind_of<E>(), op, "mirror::ReplicaContext::reduce_scatter (NcclAllReduce)");
+    }
+    c.exchange(char{0});
+    std::vector<const void*> sources;
+    std::vector<void*> targets;
+    for (std::size_t k = 0; k < in.leaves.size(); ++k) {
+      sources.push_back(in.leaves[k].ptr);
+      targets.push_back(out.leaves[k].ptr);
+    }
+    nccl::impl::reduce_scatter(comms, self, rt.stream_of(self), op, cuda::element_type_of<E>(), sources, targets,
+                               in.sizes, scratch, rt.timeout());
+  }
+
+  /// The `all_gather` of the ops-policy interface (architecture.md 2.9), called by every replica
+  /// for the leaves of one element type: for a leaf whose count is the same on every replica one
+  /// `ncclAllGather`, otherwise one `ncclBroadcast` per replica with a non-empty piece, rooted
+  /// there and received at its offset (NCCL's recipe for an all-gather of unequal counts), all in
+  /// one NCCL group on the replica's stream, returning once enqueued and watched as `all_reduce`
+  /// is. Copies are exact: every replica receives the same bits.
+  template <class Rt, class E>
+    requires std::derived_from<Rt, cuda::runtime>
+  void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
+                  std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const {
+    Rt& rt = c.runtime();
+    const int self = c.self();
+    detail::worker_group* const workers = workers_of(rt);
+    // Across workers the counts already agree (the caller gathered them); this checks the element
+    // type, so that no worker's NCCL call waits on the GPU for a call that never matches.
+    if (workers != nullptr && self == 0 && workers->num_workers() > 1) {
+      workers->check_all_reduce(out.total, kind_of<E>(), ReduceOp::sum,
+                                "mirror::ReplicaContext::all_gather (NcclAllReduce)");
+    }
+    c.exchange(char{0});
+    nccl::impl::comms& comms = comms_of(rt, workers);
+    std::vector<const void*> sources;
+    std::vector<void*> targets;
+    for (std::size_t k = 0; k < in.leaves.size(); ++k) {
+      sources.push_back(in.leaves[k].ptr);
+      targets.push_back(out.leaves[k].ptr);
+    }
+    nccl::impl::all_gather(comms, self, rt.stream_of(self), cuda::element_type_of<E>(), sources, targets, counts,
+                           rt.timeout());
+  }
+
  private:
   struct comms_holder {
     nccl::impl::comms* comms;
