@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// `mirror::ops::NcclAllReduce`: all-reduce with NCCL, leaves packed by TF's rule.
+/// `mirror::ops::NcclAllReduce`: all-reduce with NCCL, leaves packed by TF's rule; reduce-scatter
+/// and all-gather with NCCL too.
 
 #include <concepts>
 #include <cstddef>

@@ -139,7 +139,7 @@ EOF
   fi
 }
 
-TESTS=(cuda_device cuda_reduction_to_one_device cuda_hierarchical_copy cuda_nccl_all_reduce)
+TESTS=(cuda_device cuda_reduction_to_one_device cuda_hierarchical_copy cuda_nccl_all_reduce cuda_gather_scatter)
 say "tests:"
 for t in "${TESTS[@]}"; do
   exe=$KIT/${t}_test
