@@ -71,8 +71,9 @@ void reduce_scatter_against_reference() {
   for (const int R : counts_to_try) {
     if (!supports<Ops>(R)) continue;
     auto& s = strategy_with<Ops>(R);
-    const std::size_t sizes[] = {0, 1, 2, 3, static_cast<std::size_t>(R - 1), static_cast<std::size_t>(5 * R + 1),
-                                 static_cast<std::size_t>(64 * R), 1009, (std::size_t{1} << 16) + 1};
+    // (Few sizes: the kit runs this program whole under compute-sanitizer's memcheck too.)
+    const std::size_t sizes[] = {0, 1, 3, static_cast<std::size_t>(R - 1), static_cast<std::size_t>(5 * R + 1), 1009,
+                                 (std::size_t{1} << 16) + 1};
     for (const std::size_t n : sizes) {
       for (const auto op : mirror::test::all_ops) {
         CAPTURE(R, n, mirror::to_string(op));
