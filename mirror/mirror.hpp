@@ -32,6 +32,7 @@
 #include <mirror/strategy.hpp>
 #include <mirror/sync_on_read_variable.hpp>
 #include <mirror/synced.hpp>
+#include <mirror/value_context.hpp>
 #include <mirror/variable_aggregation.hpp>
 
 #include <backends/threads/threads.hpp>

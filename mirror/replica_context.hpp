@@ -21,11 +21,14 @@
 #include <mirror/detail/access.hpp>
 #include <mirror/detail/collective.hpp>
 #include <mirror/detail/format.hpp>
+#include <mirror/detail/gather_scatter.hpp>
+#include <mirror/detail/gathered.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/per_replica.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/synced.hpp>
+#include <mirror/axis.hpp>
 
 namespace mirror {
 
@@ -77,6 +80,134 @@ class ReplicaContext {
       pending = nullptr;
     });
     return detail::access::synced(std::move(result));
+  }
+
+  /// Every replica's `value` concatenated along the first dimension, in replica order (TF's
+  /// `ReplicaContext.all_gather`); every replica gets the same result.
+  ///
+  /// **Requires**: every replica passes a nest of the same type; its leaves may differ in their
+  /// first dimension (a vector's length, a matrix's rows), not in the rest (a matrix's columns).
+  /// **Returns**: the nest with each leaf holding every replica's, one after another: a
+  /// `std::vector` or `mirror::matrix` leaf stays what it is, a scalar or `std::array` leaf
+  /// becomes a `std::vector` (`ctx.all_gather(1.0f, axis0)` is a `Synced<std::vector<float>>` of
+  /// N). View leaves cannot grow: gather spans with `all_gather(in, out, axis0)`.
+  /// **Errors**: `mirror::shape_error` (on every replica, before anything is copied) when the
+  /// replicas disagree on the nest or on a matrix's columns.
+  /// **Communication**: every replica's leaves are copied into every replica's result once.
+  /// **Example**: `auto all_ids = ctx.all_gather(std::vector<int>{id}, mirror::axis0);`
+  template <nest T>
+  Synced<detail::gathered_t<T>> all_gather(const T& value, axis_t<0>) {
+    using N = std::remove_cvref_t<T>;
+    static_assert(detail::gatherable<N>(),
+                  "mirror::ReplicaContext::all_gather(value, axis0): the result must hold every replica's leaves, but "
+                  "the value has a view leaf (std::span, matrix_view), which cannot grow: gather a span with "
+                  "ctx.all_gather(std::span<const E> in, std::span<E> out, axis0), or a Hana struct with a scalar or "
+                  "std::array member, whose type cannot change: make the member a std::vector, or gather a std::tuple");
+    static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<N>()),
+                  "mirror::ReplicaContext::all_gather: the value holds device-resident leaves (GPU memory) but this "
+                  "strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");
+    using G = detail::gathered_t<N>;
+    constexpr std::size_t K = detail::leaf_count<N>();
+    std::array<std::size_t, K> counts{}, widths{};
+    std::size_t k = 0;
+    detail::for_each_leaf(
+        [&](const auto& l) {
+          counts[k] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size();
+          widths[k++] = detail::row_width(l);
+        },
+        value);
+    const std::vector<std::size_t>& all = gather_counts<N>(counts, widths, detail::any_size);
+    G result{};
+    k = 0;
+    detail::for_each_leaf([&](auto& out) { detail::size_gathered(out, total_of(all, K, k), widths[k]); ++k; }, result);
+    // The inputs are only read. Devices that stage host leaves write them back, so they get a copy.
+    std::optional<N> copy;
+    N& in = input_of(value, copy);
+    detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
+      constexpr auto at = detail::leaf_positions<N, E>();
+      std::vector<std::size_t> counts_of_e(all.size() / K * at.size());
+      for (std::size_t r = 0; r < all.size() / K; ++r) {
+        for (std::size_t j = 0; j < at.size(); ++j) counts_of_e[r * at.size() + j] = all[r * K + at[j]];
+      }
+      strategy_->template all_gather_leaves<E>(self_, detail::leaves_of<E>(in), counts_of_e, detail::leaves_of<E>(result));
+    });
+    return detail::access::synced(std::move(result));
+  }
+
+  /// The span form of `all_gather`: every replica's `in` into `out`, in replica order, with no
+  /// allocation. **Requires**: `out.size()` is the sum of every replica's `in.size()`, on every
+  /// replica (else `mirror::shape_error`, on every replica, before anything is copied); `out`
+  /// does not overlap any replica's `in`.
+  template <class E>
+  void all_gather(std::span<const E> in, std::span<E> out, axis_t<0>) {
+    static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<std::span<E>>()),
+                  "mirror::ReplicaContext::all_gather: device-resident spans need devices::Cuda");
+    const std::array<std::size_t, 1> counts{in.size()}, widths{1};
+    const std::vector<std::size_t>& all = gather_counts<std::span<E>>(counts, widths, out.size());
+    const std::array<std::span<E>, 1> ins{std::span<E>(const_cast<E*>(in.data()), in.size())}, outs{out};
+    strategy_->template all_gather_leaves<E>(self_, ins, all, outs);
+  }
+  /// (For a non-const `in`: the same.)
+  template <class E>
+  void all_gather(std::span<E> in, std::span<E> out, axis_t<0> axis) {
+    all_gather(std::span<const E>(in), out, axis);
+  }
+
+  /// Replica r receives cut r of the `op`-reduction of every replica's `value`: each leaf of n
+  /// elements is cut by the batch-split rule (the first n mod N replicas get one element more).
+  ///
+  /// **Requires**: 1-D leaves (`std::vector`, `std::span`; a scalar or `std::array` is a compile
+  /// error), of the same lengths on every replica.
+  /// **Returns**: a plain value (it differs per replica; returned from fn it becomes a
+  /// `PerReplica`): a `std::vector` leaf becomes a vector of the cut's length; a span leaf is
+  /// reduced in place into this replica's own cut (the rest of the span is left as it was) and
+  /// the returned span views that cut. Bitwise the same as the cut's elements of `all_reduce`
+  /// under the same policy.
+  /// **Errors**: `mirror::shape_error` (on every replica, before any value changes) when replicas
+  /// disagree on the nest or the lengths.
+  /// **Communication**: the ops policy's; the CPU default reads every replica's cut once and
+  /// writes the result once ((N+1)·S bytes in all for S bytes per replica).
+  /// **Example**: `auto mine = ctx.reduce_scatter(mirror::ReduceOp::sum, std::span<float>(grads));`
+  template <nest T>
+  std::remove_cvref_t<T> reduce_scatter(ReduceOp op, T&& value) {
+    using N = std::remove_cvref_t<T>;
+    static_assert([]<class... Ls>(detail::type_list<Ls...>) {
+                    return (true && ... && (leaf_traits<Ls>::rank == 1 && (leaf_traits<Ls>::resizable || leaf_traits<Ls>::is_view)));
+                  }(detail::leaf_types_t<N>{}),
+                  "mirror::ReplicaContext::reduce_scatter(op, value): every leaf must be 1-D and hold a cut of any "
+                  "length: std::vector or std::span (a scalar has nothing to cut, a std::array cannot change its "
+                  "length, a matrix is not 1-D: pass its elements as a std::span)");
+    static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<N>()),
+                  "mirror::ReplicaContext::reduce_scatter: the value holds device-resident leaves (GPU memory) but "
+                  "this strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");
+    constexpr std::size_t K = detail::leaf_count<N>();
+    std::optional<N> copy;
+    N& in = input_of(value, copy);
+    std::array<std::size_t, K> sizes{};
+    N result{};
+    const int n = num_replicas_in_sync(), g = replica_id_in_sync_group();
+    std::size_t k = 0;
+    detail::for_each_leaf(
+        [&](auto& l, auto& out) {
+          using L = std::remove_cvref_t<decltype(l)>;
+          sizes[k] = leaf_traits<L>::elements(l).size();
+          const auto cut = detail::cut_of(sizes[k++], n, g);
+          if constexpr (leaf_traits<L>::is_view) {
+            out = L(leaf_traits<L>::elements(l).data() + cut.first, cut.second);
+          } else {
+            leaf_traits<L>::resize(out, cut.second);
+          }
+        },
+        in, result);
+    const detail::collective_header header = make_header<N>(detail::collective_kind::reduce_scatter,
+                                                            static_cast<int>(op), sizes);
+    const detail::collective_header* pending = &header;
+    detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
+      strategy_->template reduce_scatter_leaves<E>(self_, op, detail::leaves_of<E>(in), detail::leaves_of<E>(result),
+                                                   pending);
+      pending = nullptr;
+    });
+    return result;
   }
 
   /// Every replica gets replica `from`'s `value` (`from` is a global replica id on a multi-worker
@@ -258,8 +389,41 @@ class ReplicaContext {
             detail::leaf_type_infos<N>};
   }
 
+  /// The value a gather or scatter reads its inputs from: `value` itself where the replicas
+  /// read host memory in place (nothing is written to it; spans are the caller's to change),
+  /// else a copy in `copy` (a device that stages host leaves writes them back afterwards).
+  template <class N, class T>
+  static N& input_of(T&& value, std::optional<N>& copy) {
+    if constexpr (Strategy::runtime_type::host_addressable) {
+      return const_cast<N&>(static_cast<const N&>(value));
+    } else {
+      return copy.emplace(std::forward<T>(value));
+    }
+  }
+
+  /// Leaf k's total over the replicas of counts (replica-major, K leaves each).
+  static std::size_t total_of(const std::vector<std::size_t>& counts, std::size_t K, std::size_t k) noexcept {
+    std::size_t total = 0;
+    for (std::size_t i = k; i < counts.size(); i += K) total += counts[i];
+    return total;
+  }
+
+  /// all_gather's first step: every replica's leaf lengths, in replica order (N*K, global on a
+  /// multi-worker strategy), after checking that the replicas agree on the nest and the widths
+  /// and that a span form's `out_size` is the total (any_size: no span form).
+  template <class N, std::size_t K>
+  const std::vector<std::size_t>& gather_counts(const std::array<std::size_t, K>& counts,
+                                                const std::array<std::size_t, K>& widths, std::size_t out_size) {
+    std::array<std::size_t, K> shape{};
+    shape.fill(detail::any_size);  // the lengths may differ: they are checked below, not hashed
+    const detail::collective_header header = make_header<N>(detail::collective_kind::all_gather, 0, shape);
+    strategy_->gather_counts(self_, header, counts.data(), widths.data(), K, out_size, counts_);
+    return counts_;
+  }
+
   Strategy* strategy_;
   int self_;
+  std::vector<std::size_t> counts_;  // gather_counts' result, reused by the replica's next all_gather
   std::uint64_t sequence_ = 0;
 };
 

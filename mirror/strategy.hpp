@@ -35,6 +35,8 @@
 #include <mirror/error.hpp>
 #include <mirror/distributed_dataset.hpp>
 #include <mirror/input_context.hpp>
+#include <mirror/value_context.hpp>
+#include <mirror/detail/gathered.hpp>
 #include <mirror/mirrored.hpp>
 #include <mirror/mirrored_variable.hpp>
 #include <mirror/sync_on_read_variable.hpp>
@@ -482,6 +484,94 @@ class Strategy {
     }
   }
 
+  /// The components of `value` (a `PerReplica<T>` or `Mirrored<T>`) concatenated along the
+  /// first dimension in replica order, as one value (TF's `Strategy.gather`): what
+  /// `ctx.all_gather(component, axis0)` gives, in cross-replica context. Multi-worker: every
+  /// worker's components, in global replica order.
+  ///
+  /// **Returns**: the nest with each leaf holding every replica's (ReplicaContext::all_gather's
+  /// result type: a scalar or `std::array` leaf becomes a `std::vector`).
+  /// **Errors**: `mirror::shape_error` when the components' matrices differ in their columns, or
+  /// when `value` does not have one component per (local) replica.
+  template <class V>
+  auto gather(const V& value, axis_t<0>) {
+    static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
+                  "mirror::Strategy::gather(value, axis0): value must be a PerReplica<T> or Mirrored<T> (what run "
+                  "returns); inside fn, use ctx.all_gather instead");
+    using T = typename V::value_type;
+    static_assert(detail::gatherable<T>(),
+                  "mirror::Strategy::gather(value, axis0): the result must hold every replica's leaves, but T has a "
+                  "view leaf (std::span, matrix_view), which would alias the replicas' buffers, or is a Hana struct "
+                  "with a scalar or std::array member, whose type cannot change: gather owning leaves "
+                  "(std::vector, mirror::matrix), or a std::tuple");
+    static_assert(!detail::has_device_leaf<T>(),
+                  "mirror::Strategy::gather(value, axis0): value holds device-resident leaves (GPU memory), which the "
+                  "host cannot read; all_gather them inside fn (ctx.all_gather), or return host leaves from fn");
+    if (value.size() != static_cast<std::size_t>(num_local_replicas())) {
+      detail::throw_component_count_error("gather(value, axis0)", value.size(), num_local_replicas(), multi_worker);
+    }
+    static_assert(!multi_worker || sizeof(Device) == 0, "mirror::Strategy::gather across workers is not built yet");
+    using G = detail::gathered_t<T>;
+    constexpr std::size_t K = detail::leaf_count<T>();
+    const std::span<const T> components = local_results(value);
+    std::array<std::size_t, K> totals{}, widths{};
+    for (std::size_t r = 0; r < components.size(); ++r) {
+      std::size_t k = 0;
+      detail::for_each_leaf(
+          [&](const auto& l) {
+            const std::size_t w = detail::row_width(l);
+            if (r == 0) widths[k] = w;
+            if (w != widths[k]) {
+              throw shape_error(detail::format("mirror::Strategy::gather(value, axis0): leaf %zu (%s) has rows of %zu "
+                                               "elements on replica %zu but of %zu on replica 0; gather concatenates "
+                                               "along the first dimension only, so every replica's rows must be "
+                                               "equally wide",
+                                               k, detail::type_name<std::remove_cvref_t<decltype(l)>>().c_str(), w, r,
+                                               widths[k]));
+            }
+            totals[k++] += leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size();
+          },
+          components[r]);
+    }
+    G out{};
+    std::size_t k = 0;
+    detail::for_each_leaf([&](auto& o) { detail::size_gathered(o, totals[k], widths[k]); ++k; }, out);
+    std::array<std::size_t, K> at{};
+    for (const T& c : components) {
+      k = 0;
+      detail::for_each_leaf(
+          [&](const auto& l, auto& o) {
+            const auto from = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
+            const auto to = leaf_traits<std::remove_cvref_t<decltype(o)>>::elements(o);
+            std::copy(from.begin(), from.end(), to.begin() + static_cast<std::ptrdiff_t>(at[k]));
+            at[k++] += from.size();
+          },
+          c, out);
+    }
+    return out;
+  }
+
+  /// A `PerReplica` whose component for replica r is `value_fn(ValueContext{r, N})` (TF's
+  /// `experimental_distribute_values_from_function`): `value_fn` is called once per (local)
+  /// replica, in replica order, on this thread. Multi-worker: the ids are global (worker w's
+  /// replicas get `w*R .. w*R + R - 1`, of `N = W*R`).
+  template <class F>
+  auto distribute_values_from_function(F&& value_fn) {
+    static_assert(std::is_invocable_v<F&, const ValueContext&>,
+                  "mirror::Strategy::distribute_values_from_function(fn): fn must be callable as "
+                  "fn(const mirror::ValueContext&) and return the value for that replica");
+    using R = std::decay_t<std::invoke_result_t<F&, const ValueContext&>>;
+    static_assert(!std::is_void_v<R>,
+                  "mirror::Strategy::distribute_values_from_function(fn): fn returns void; it must return the "
+                  "value for the replica its ValueContext names");
+    std::vector<R> values;
+    values.reserve(static_cast<std::size_t>(num_local_replicas()));
+    for (int r = 0; r < num_local_replicas(); ++r) {
+      values.push_back(value_fn(ValueContext{first_local_replica() + r, num_replicas_in_sync()}));
+    }
+    return PerReplica<R>(std::move(values));
+  }
+
   /// The device runtime (threads, streams): for backends and tests.
   runtime_type& runtime() noexcept { return rt_; }
   /// The ops policy this strategy reduces with.
@@ -631,6 +721,115 @@ class Strategy {
     detail::collective<runtime_type> c(rt_, self, header);
     ops_.all_reduce(c, op, detail::segment_list<runtime_type, E>{leaves, sizes, total});
     for (std::size_t k = 0; k < K; ++k) rt_.detach(self, leaves[k], host[k]);
+  }
+
+  template <class E, std::size_t K>
+  void reduce_scatter_leaves(int self, ReduceOp op, const std::array<std::span<E>, K>& in,
+                             const std::array<std::span<E>, K>& out, const detail::collective_header* header) {
+    static_assert(requires(const Ops& o, detail::collective<runtime_type>& c,
+                           const detail::segment_list<runtime_type, E>& s) { o.reduce_scatter(c, op, s, s); },
+                  "mirror::ReplicaContext::reduce_scatter: this strategy's ops policy has no reduce_scatter "
+                  "(mirror/concepts/cross_device_ops.hpp); every policy mirror ships has one, and a policy of "
+                  "your own can call detail::generic_reduce_scatter");
+    if constexpr (runtime_type::host_addressable) detail::require_host_element<E>();
+    using pointer = typename runtime_type::template pointer<E>;
+    std::array<pointer, K> ins{}, outs{};
+    std::array<std::size_t, K> in_sizes{}, out_sizes{};
+    std::size_t in_total = 0, out_total = 0;
+    for (std::size_t k = 0; k < K; ++k) {
+      ins[k] = rt_.attach(self, in[k]);
+      outs[k] = rt_.attach(self, out[k]);
+      in_sizes[k] = in[k].size();
+      out_sizes[k] = out[k].size();
+      in_total += in_sizes[k];
+      out_total += out_sizes[k];
+    }
+    detail::collective<runtime_type> c(rt_, self, header);
+    ops_.reduce_scatter(c, op, detail::segment_list<runtime_type, E>{ins, in_sizes, in_total},
+                        detail::segment_list<runtime_type, E>{outs, out_sizes, out_total});
+    // The inputs first: where a device staged a span and its cut apart, the cut's result lands last.
+    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, ins[k], in[k]);
+    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, outs[k], out[k]);
+  }
+
+  template <class E, std::size_t K>
+  void all_gather_leaves(int self, const std::array<std::span<E>, K>& in, std::span<const std::size_t> counts,
+                         const std::array<std::span<E>, K>& out) {
+    static_assert(requires(const Ops& o, detail::collective<runtime_type>& c,
+                           const detail::segment_list<runtime_type, E>& s) { o.all_gather(c, s, counts, s); },
+                  "mirror::ReplicaContext::all_gather: this strategy's ops policy has no all_gather "
+                  "(mirror/concepts/cross_device_ops.hpp); every policy mirror ships has one, and a policy of "
+                  "your own can call detail::generic_all_gather");
+    if constexpr (runtime_type::host_addressable) detail::require_host_element<E>();
+    using pointer = typename runtime_type::template pointer<E>;
+    std::array<pointer, K> ins{}, outs{};
+    std::array<std::size_t, K> in_sizes{}, out_sizes{};
+    std::size_t in_total = 0, out_total = 0;
+    for (std::size_t k = 0; k < K; ++k) {
+      ins[k] = rt_.attach(self, in[k]);
+      outs[k] = rt_.attach(self, out[k]);
+      in_sizes[k] = in[k].size();
+      out_sizes[k] = out[k].size();
+      in_total += in_sizes[k];
+      out_total += out_sizes[k];
+    }
+    detail::collective<runtime_type> c(rt_, self, nullptr);  // gather_counts made the agreement check
+    ops_.all_gather(c, detail::segment_list<runtime_type, E>{ins, in_sizes, in_total}, counts,
+                    detail::segment_list<runtime_type, E>{outs, out_sizes, out_total});
+    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, ins[k], in[k]);
+    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, outs[k], out[k]);
+  }
+
+  /// all_gather's first step (ReplicaContext::gather_counts): every replica's `leaves` lengths
+  /// into `all` (replica-major), the agreement check, and the checks of the widths and of the
+  /// span form's out size, which every replica makes alike: all throw the same shape_error.
+  void gather_counts(int self, const detail::collective_header& header, const std::size_t* counts,
+                     const std::size_t* widths, std::size_t leaves, std::size_t out_size, std::vector<std::size_t>& all) {
+    struct post {
+      const std::size_t* counts;
+      const std::size_t* widths;
+      std::size_t out_size;
+    };
+    static_assert(!multi_worker || sizeof(Device) == 0,
+                  "mirror::ReplicaContext::all_gather across workers is not built yet");
+    detail::collective<runtime_type> c(rt_, self, &header);
+    const auto posts = c.exchange(post{counts, widths, out_size});
+    const std::size_t n = posts.size();
+    all.resize(n * leaves);
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t k = 0; k < leaves; ++k) all[r * leaves + k] = posts[r].counts[k];
+    }
+    std::string problem;
+    for (std::size_t r = 1; r < n && problem.empty(); ++r) {
+      for (std::size_t k = 0; k < leaves; ++k) {
+        if (posts[r].widths[k] != posts[0].widths[k]) {
+          problem = detail::format("mirror::ReplicaContext::all_gather: leaf %zu (%s) has rows of %zu elements on "
+                                   "replica %zu but of %zu on replica 0; all_gather concatenates along the first "
+                                   "dimension only, so every replica's rows must be equally wide",
+                                   k, detail::demangle(header.leaf_types[k]->name()).c_str(), posts[r].widths[k], r,
+                                   posts[0].widths[k])
+                        .c_str();
+          break;
+        }
+      }
+    }
+    if (problem.empty() && leaves == 1) {
+      std::size_t total = 0;
+      for (std::size_t r = 0; r < n; ++r) total += posts[r].counts[0];
+      for (std::size_t r = 0; r < n; ++r) {
+        if (posts[r].out_size != detail::any_size && posts[r].out_size != total) {
+          problem = detail::format("mirror::ReplicaContext::all_gather(in, out, axis0) on replica %zu: out has %zu "
+                                   "elements but the replicas' inputs have %zu in all; pass an out span of %zu",
+                                   r, posts[r].out_size, total, total)
+                        .c_str();
+          break;
+        }
+      }
+    }
+    if (!problem.empty()) {
+      rt_.barrier(self);  // every replica has read the others' frames before any unwinds
+      throw shape_error(problem);
+    }
   }
 
   /// A broadcast of at most this many bytes, on host leaves none of which is resizable, carries

@@ -13,6 +13,7 @@
 #include <mirror/default_ops.hpp>
 #include <mirror/detail/collective.hpp>
 #include <mirror/detail/element_kernels.hpp>
+#include <mirror/detail/gather_scatter.hpp>
 #include <mirror/detail/segments.hpp>
 #include <mirror/detail/separate_compilation.hpp>
 #include <mirror/reduce_op.hpp>
@@ -75,6 +76,30 @@ struct ChunkOwnerAllReduce {
     } else {
       large(c, op, b);
     }
+  }
+
+  /// The `reduce_scatter` of the `cross_device_ops` interface: each replica reads its own cut of
+  /// every replica's leaves block by block into L1, folds it in replica order (the bits of
+  /// `all_reduce`) and writes it once: the traffic of `all_reduce`'s first half, (N+1)·S bytes
+  /// in all for S bytes per replica.
+  template <class Rt, class E>
+  void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
+                      const detail::segment_list<Rt, E>& out) const {
+    static_assert(Rt::host_addressable,
+                  "mirror::ops::ChunkOwnerAllReduce needs a device whose replicas share host memory "
+                  "(devices::Threads); on other devices use ops::ReductionToOneDevice or ops::HierarchicalCopy");
+    detail::generic_reduce_scatter(c, op, in, out, detail::serial_fold{});
+  }
+
+  /// The `all_gather` of the `cross_device_ops` interface: each replica copies every replica's
+  /// leaves into its output with memcpy, in replica order (2·N·S bytes per replica: the copy bound).
+  template <class Rt, class E>
+  void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
+                  std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const {
+    static_assert(Rt::host_addressable,
+                  "mirror::ops::ChunkOwnerAllReduce needs a device whose replicas share host memory "
+                  "(devices::Threads); on other devices use ops::ReductionToOneDevice or ops::HierarchicalCopy");
+    detail::generic_all_gather(c, in, counts, out);
   }
 
  private:

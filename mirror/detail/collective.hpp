@@ -19,7 +19,7 @@
 
 namespace mirror::detail {
 
-enum class collective_kind : std::uint32_t { all_reduce, broadcast, merge_call };
+enum class collective_kind : std::uint32_t { all_reduce, broadcast, merge_call, all_gather, reduce_scatter };
 
 /// How an error message names a collective call: "all_reduce(sum)", "broadcast(from = 2)".
 struct call_name {
@@ -37,6 +37,12 @@ struct call_name {
     }
     case collective_kind::broadcast: std::snprintf(out.text, sizeof out.text, "broadcast(from = %d)", param); break;
     case collective_kind::merge_call: std::snprintf(out.text, sizeof out.text, "merge_call"); break;
+    case collective_kind::all_gather: std::snprintf(out.text, sizeof out.text, "all_gather"); break;
+    case collective_kind::reduce_scatter: {
+      const std::string_view op = mirror::to_string(static_cast<ReduceOp>(param));
+      std::snprintf(out.text, sizeof out.text, "reduce_scatter(%.*s)", static_cast<int>(op.size()), op.data());
+      break;
+    }
   }
   return out;
 }

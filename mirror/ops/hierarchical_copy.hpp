@@ -6,8 +6,10 @@
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <mirror/detail/collective.hpp>
+#include <mirror/detail/gather_scatter.hpp>
 #include <mirror/detail/segments.hpp>
 #include <mirror/reduce_op.hpp>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -137,6 +139,42 @@ struct HierarchicalCopy {
       }
     }
     c.barrier();
+  }
+
+  /// The `reduce_scatter` of the `cross_device_ops` interface: each replica folds its own cut of
+  /// every replica's leaves with the plan `all_reduce` uses for the pack each element is in
+  /// (group 0 in order, group 1 in order, then group 0 op group 1), so each element has the bits
+  /// `all_reduce` gives it.
+  template <class Rt, class E>
+  void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
+                      const detail::segment_list<Rt, E>& out) const {
+    const std::size_t total = in.total;
+    const int packs = num_packs;
+    detail::generic_reduce_scatter(
+        c, op, in, out,
+        [total, packs](int n, std::size_t k, std::size_t off, std::size_t len, std::size_t v, auto&& emit) {
+          const auto order_of = [n](std::size_t pack) {
+            const plan p = plan_for(pack, n);
+            return detail::fold_order{p.group0_begin, p.group0_end, p.group1_begin, p.group1_end};
+          };
+          if (packs == 0) {  // one pack per leaf
+            emit(off, len, order_of(k));
+            return;
+          }
+          for (std::size_t i = 0; i < static_cast<std::size_t>(packs); ++i) {
+            const auto [begin, end] = pack_range(i, static_cast<std::size_t>(packs), total);
+            const std::size_t a = std::max(begin, v), b = std::min(end, v + len);
+            if (a < b) emit(off + (a - v), b - a, order_of(i));
+          }
+        });
+  }
+
+  /// The `all_gather` of the `cross_device_ops` interface: each replica copies every replica's
+  /// leaves into its output, in replica order.
+  template <class Rt, class E>
+  void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
+                  std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const {
+    detail::generic_all_gather(c, in, counts, out);
   }
 };
 

@@ -6,8 +6,10 @@
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <mirror/detail/collective.hpp>
+#include <mirror/detail/gather_scatter.hpp>
 #include <mirror/detail/segments.hpp>
 #include <mirror/reduce_op.hpp>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -91,6 +93,24 @@ struct ReductionToOneDevice {
       }
     });
     c.barrier();  // nobody returns (and reuses its buffer) before every slice is written back
+  }
+
+  /// The `reduce_scatter` of the `cross_device_ops` interface: each replica folds its own cut of
+  /// every replica's leaves in replica order, on its own device (there is no single result to
+  /// hold on `reduce_to`), so each element has the bits `all_reduce` gives it. Reads N·S/N and
+  /// writes S/N bytes per replica.
+  template <class Rt, class E>
+  void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
+                      const detail::segment_list<Rt, E>& out) const {
+    detail::generic_reduce_scatter(c, op, in, out, detail::serial_fold{});
+  }
+
+  /// The `all_gather` of the `cross_device_ops` interface: each replica copies every replica's
+  /// leaves into its output, in replica order.
+  template <class Rt, class E>
+  void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
+                  std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const {
+    detail::generic_all_gather(c, in, counts, out);
   }
 };
 
