@@ -117,18 +117,22 @@ inline void all_gather_counts_across_workers(worker_group& g, std::span<const st
 /// return every leaf holds the concatenation over the workers in worker order (global replica
 /// order), on every worker. Leaves must be resizable (std::vector, matrix); a matrix keeps the
 /// column count of the workers that have rows, and those must agree (shape_error on every
-/// worker, naming their replicas, otherwise). Collective: one all-gather of the leaf sizes,
-/// then one per leaf.
+/// worker, naming their replicas, otherwise). `local_problem`, when not empty, is why this
+/// worker's own components cannot be concatenated (their widths differ): every worker then
+/// throws a shape_error, this one with that text. Collective: one all-gather of the leaf sizes,
+/// then one per non-empty leaf.
 template <class T>
-void gather_nest_across_workers(worker_group& g, T& nest, const char* what) {
+void gather_nest_across_workers(worker_group& g, T& nest, const std::string& local_problem, const char* what) {
   static_assert(!has_device_leaf<T>(),
                 "mirror: Strategy::gather across workers got device-resident leaves (GPU memory), which never go to "
                 "MPI; gather host leaves (std::vector)");
   constexpr std::size_t K = leaf_count<T>();
   const auto W = static_cast<std::size_t>(g.num_workers());
   const int R = g.local_replicas();
-  // Per leaf: its elements and its row width (a matrix's columns; 1 for anything else).
-  std::array<std::size_t, 2 * K> mine{};
+  // Per leaf: its elements and its row width (a matrix's columns; 1 for anything else); then
+  // whether this worker's components disagree.
+  std::array<std::size_t, 2 * K + 1> mine{};
+  mine[2 * K] = local_problem.empty() ? 0 : 1;
   std::size_t k = 0;
   for_each_leaf(
       [&](auto& l) {
@@ -145,30 +149,41 @@ void gather_nest_across_workers(worker_group& g, T& nest, const char* what) {
         ++k;
       },
       nest);
-  std::vector<std::size_t> all(2 * K * W);
-  g.all_gather_counts(mine.data(), 2 * K, all.data(), what);
+  constexpr std::size_t words = 2 * K + 1;
+  std::vector<std::size_t> table(words * W);
+  g.all_gather_counts(mine.data(), words, table.data(), what);
+  const auto replicas = [&](std::size_t w) {
+    return std::to_string(w * static_cast<std::size_t>(R)) + ".." +
+           std::to_string((w + 1) * static_cast<std::size_t>(R) - 1);
+  };
+  if (!local_problem.empty()) throw shape_error(local_problem);
+  for (std::size_t p = 0; p < W; ++p) {
+    if (table[p * words + 2 * K] != 0) {
+      throw shape_error(std::string(what) + ": the components on worker " + std::to_string(p) + " (replicas " +
+                        replicas(p) + ") have rows of different widths (that worker's shape_error names them); "
+                        "gathered leaves may differ in their first dimension only");
+    }
+  }
+  // Leaf k of worker p: its elements, its width.
+  const auto all = [&](std::size_t p, std::size_t word) { return table[p * words + word]; };
   // Workers with rows must agree on the row width: every worker reads the same table, so all
   // throw together (or none does). A worker without rows takes theirs.
   std::array<std::size_t, K> width{};
   for (k = 0; k < K; ++k) {
     std::size_t first = W;
     for (std::size_t p = 0; p < W; ++p) {
-      if (all[p * 2 * K + 2 * k] == 0) continue;
+      if (all(p, 2 * k) == 0) continue;
       if (first == W) {
         first = p;
-      } else if (all[p * 2 * K + 2 * k + 1] != all[first * 2 * K + 2 * k + 1]) {
-        const auto replicas = [&](std::size_t w) {
-          return std::to_string(w * static_cast<std::size_t>(R)) + ".." +
-                 std::to_string((w + 1) * static_cast<std::size_t>(R) - 1);
-        };
+      } else if (all(p, 2 * k + 1) != all(first, 2 * k + 1)) {
         throw shape_error(std::string(what) + ": leaf " + std::to_string(k) + " has rows of " +
-                          std::to_string(all[p * 2 * K + 2 * k + 1]) + " elements on worker " + std::to_string(p) +
-                          " (replicas " + replicas(p) + ") but of " + std::to_string(all[first * 2 * K + 2 * k + 1]) +
+                          std::to_string(all(p, 2 * k + 1)) + " elements on worker " + std::to_string(p) +
+                          " (replicas " + replicas(p) + ") but of " + std::to_string(all(first, 2 * k + 1)) +
                           " on worker " + std::to_string(first) + " (replicas " + replicas(first) +
                           "); gathered leaves may differ in their first dimension only");
       }
     }
-    width[k] = first == W ? mine[2 * k + 1] : all[first * 2 * K + 2 * k + 1];
+    width[k] = first == W ? mine[2 * k + 1] : all(first, 2 * k + 1);
   }
   k = 0;
   for_each_leaf(
@@ -178,7 +193,7 @@ void gather_nest_across_workers(worker_group& g, T& nest, const char* what) {
         std::vector<std::size_t> counts(W);
         std::size_t total = 0, at = 0;
         for (std::size_t p = 0; p < W; ++p) {
-          counts[p] = all[p * 2 * K + 2 * k];
+          counts[p] = all(p, 2 * k);
           if (p < static_cast<std::size_t>(g.worker_index())) at += counts[p];
           total += counts[p];
         }
