@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -30,8 +31,13 @@ using mirror::ReduceOp;
 
 // One strategy at a time (tests/mpi/cluster_test.cpp says why), rebuilt for another replica
 // count or cross-worker order.
-Strategy& strategy_with(int replicas, bool deterministic = false) {
+std::unique_ptr<Strategy>& shared_strategy() {
   static std::unique_ptr<Strategy> s;
+  return s;
+}
+void drop_strategy() { shared_strategy().reset(); }
+Strategy& strategy_with(int replicas, bool deterministic = false) {
+  std::unique_ptr<Strategy>& s = shared_strategy();
   static bool ordered = false;
   if (!s || s->num_replicas_in_sync() != world_size() * replicas || ordered != deterministic) {
     s.reset();
@@ -364,5 +370,38 @@ TEST_CASE("cluster distribute_values_from_function: global ids of W*R", "[mpi]")
     const auto same = s.run([](auto& ctx, const std::pair<int, int>& v) { return v.first == ctx.replica_id_in_sync_group(); },
                             values);
     for (int l = 0; l < R; ++l) CHECK(same[static_cast<std::size_t>(l)]);
+  }
+}
+
+TEST_CASE("cluster: an exception in fn on one worker while the others reduce-scatter or all-gather is an error on "
+          "every worker, and the next run works",
+          "[mpi][mismatch]") {
+  // Without the agreement check the other workers post the reduce-scatter's all-to-all (and the
+  // all-gather's count gathering) at once: the failed worker must post their matches (the
+  // recovery's dummies) before anything later.
+  drop_strategy();
+  const int w = world_rank();
+  for (const int R : {1, 2}) {
+    Strategy s{Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30), .validate_shapes = false}};
+    for (const bool gather : {false, true}) {
+      CAPTURE(R, gather);
+      try {
+        s.run([&](auto& ctx) {
+          if (w == 1) throw std::runtime_error("boom");
+          if (gather) {
+            ctx.all_gather(std::vector<float>(5, 1.f), mirror::axis0);
+          } else {
+            ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(1000, 1.f));
+          }
+        });
+        FAIL("no error");
+      } catch (const mirror::error& e) {
+        CHECK_THAT(std::string(e.what()), Catch::Contains("boom"));
+      }
+      const auto v = s.run([](auto& ctx) { return ctx.reduce_scatter(ReduceOp::sum, std::vector<int>(100, 1)); });
+      for (const auto& cut : v) {
+        for (const int x : cut) CHECK(x == s.num_replicas_in_sync());
+      }
+    }
   }
 }
