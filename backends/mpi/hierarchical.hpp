@@ -232,7 +232,8 @@ struct Hierarchical {
         for (std::size_t k = 0; k < K; ++k) per_worker[q / static_cast<std::size_t>(R) * K + k] += counts[q * K + k];
       }
       std::vector<void*> leaves(out.leaves.begin(), out.leaves.end());
-      g.all_gather(leaves.data(), K, per_worker.data(), sizeof(E), "mirror::ReplicaContext::all_gather (cross-worker step)");
+      g.all_gather(leaves.data(), K, per_worker.data(), sizeof(E), "mirror::ReplicaContext::all_gather (cross-worker step)",
+                   true);
     }
     if (R == 1) return;
     c.barrier();

@@ -580,7 +580,9 @@ struct group::impl {
       note_local_failure();
       if (pending > drained && pending <= j.phase) recover(pending, nullptr);
       throw_if_failed(j.phase);
-      const bool check_first = j.kind == job::check || (validate && !(j.kind == job::reduce && j.checked));
+      // An all-gather's counts were gathered (and checked) just before: equal on every worker.
+      const bool check_first =
+          j.kind == job::check || (validate && !((j.kind == job::reduce || j.kind == job::gather) && j.checked));
       if (check_first) agree(j);
       if (j.kind == job::check) return;
       if (j.kind == job::scatter) return scatter(j);
@@ -1683,12 +1685,12 @@ void group::reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::s
 }
 
 void group::all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts,
-                       std::size_t element_bytes, const char* what) {
+                       std::size_t element_bytes, const char* what, bool checked) {
   std::size_t total = 0;
   for (std::size_t i = 0; i < num_leaves * static_cast<std::size_t>(impl_->W); ++i) total += counts[i];
   const detail::element_kind kind{detail::element_kind::category::unsigned_integer,
                                   static_cast<std::uint8_t>(element_bytes)};
-  impl::job j{impl::job::gather, nullptr, total * element_bytes, kind, ReduceOp::sum, 0, what, false, nullptr};
+  impl::job j{impl::job::gather, nullptr, total * element_bytes, kind, ReduceOp::sum, 0, what, checked, nullptr};
   j.sizes = counts;
   j.num_sizes = num_leaves;
   j.leaves = leaves;

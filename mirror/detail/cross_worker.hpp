@@ -203,7 +203,7 @@ void gather_nest_across_workers(worker_group& g, T& nest, const std::string& loc
         if (own != 0 && at != 0) std::memmove(e.data() + at, e.data(), own * sizeof(E));  // own block to its place
         if constexpr (requires { l.cols; }) l.cols = width[k];
         void* leaf = e.data();
-        if (total != 0) g.all_gather(&leaf, 1, counts.data(), sizeof(E), what);
+        if (total != 0) g.all_gather(&leaf, 1, counts.data(), sizeof(E), what, true);
         ++k;
       },
       nest);
