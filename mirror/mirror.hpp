@@ -14,6 +14,7 @@
 #include <mirror/concepts/device.hpp>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/config.hpp>
+#include <mirror/cut_for_replica.hpp>
 #include <mirror/default_device.hpp>
 #include <mirror/default_ops.hpp>
 #include <mirror/distributed_dataset.hpp>

@@ -4,6 +4,8 @@
 /// `mirror::MirroredVariable<T>`: state kept equal on every replica, synchronised on write.
 
 #include <cstddef>
+#include <span>
+#include <tuple>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -11,6 +13,9 @@
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
 #include <mirror/detail/leaf_math.hpp>
+#include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/replica_rows.hpp>
+#include <mirror/reduce_op.hpp>
 #include <mirror/error.hpp>
 #include <mirror/synced.hpp>
 #include <mirror/variable_aggregation.hpp>
@@ -85,7 +90,76 @@ class MirroredVariable {
       fn(*copy_, *args...);
     }
 
+    /// The sharded optimiser step (ZeRO stage 1), collective: every replica calls it with its own
+    /// gradient. Afterwards every copy is equal again, as after `update`, but each replica has
+    /// read and written only its own cut of the variable and of the optimiser state, so the
+    /// state is kept once across replicas (1/N of it per replica) instead of N times.
+    ///
+    /// 1. `grads` (a nest of `std::span<E>` whose leaves of each element type match the
+    ///    variable's, in order and length: this replica's gradient) is reduce-scattered with
+    ///    `op` in place: this replica's cut r of every leaf holds the reduced gradient's cut r.
+    /// 2. For every leaf, `step(std::span<E> param, std::span<const E> grad, std::span<E> state...)`
+    ///    gets this replica's cut of its copy of the leaf, of the reduced gradient, and of each of
+    ///    `states` (nests of `std::vector`, each holding only this replica's cut of every leaf:
+    ///    `mirror::cut_for_replica`); element-wise optimisers (SGD, momentum, Adam) are one loop.
+    /// 3. Every replica's cut of the variable is all-gathered in place into every copy.
+    ///
+    /// Cuts follow the batch-split rule (`ctx.reduce_scatter`), so any leaf length works.
+    /// **Errors**: `shape_error` before anything changes when a gradient or state leaf does not
+    /// have the variable's length or this replica's cut of it. An exception from `step` on one
+    /// replica leaves the copies unequal (others have applied theirs): rebuild the variable.
+    /// **Communication**: a reduce_scatter of the gradient and an all_gather of the variable:
+    /// the bytes of one all-reduce, with 1/N of the optimiser's work on each replica.
+    template <class Step, class Grads, class... States>
+    void update_sharded(Step&& step, ReduceOp op, const Grads& grads, States&... states) {
+      const int n = ctx_->num_replicas_in_sync(), r = ctx_->replica_id_in_sync_group();
+      detail::for_each_type(detail::element_types_t<T>{}, [&]<class E>() {
+        static_assert(detail::leaf_count<Grads, E>() == detail::leaf_count<T, E>() &&
+                          ((detail::leaf_count<States, E>() == detail::leaf_count<T, E>()) && ...),
+                      "mirror::MirroredVariable::handle::update_sharded: grads and every state must have as many "
+                      "leaves of each element type as the variable, in the same order");
+        auto params = detail::leaves_of<E>(*copy_);
+        auto g = detail::leaves_of<E>(const_cast<Grads&>(grads));
+        for (std::size_t j = 0; j < params.size(); ++j) {
+          const std::size_t cut = detail::replica_rows(params[j].size(), n, r).second;
+          if (g[j].size() != params[j].size()) {
+            throw shape_error(where("update_sharded") + ": gradient leaf " + std::to_string(j) + " has " +
+                              std::to_string(g[j].size()) + " elements but the variable's has " +
+                              std::to_string(params[j].size()) + "; pass the gradient of the whole variable");
+          }
+          std::size_t index = 0;
+          const auto check_state = [&](auto& state) {
+            const auto s = detail::leaves_of<E>(state);
+            if (s[j].size() != cut) {
+              throw shape_error(where("update_sharded") + ": state " + std::to_string(index) + " leaf " +
+                                std::to_string(j) + " has " + std::to_string(s[j].size()) +
+                                " elements but this replica's cut of the variable's leaf has " + std::to_string(cut) +
+                                "; make the state with mirror::cut_for_replica");
+            }
+            ++index;
+          };
+          (check_state(states), ...);
+        }
+      });
+      const Grads reduced = ctx_->reduce_scatter(op, grads);
+      detail::for_each_type(detail::element_types_t<T>{}, [&]<class E>() {
+        auto params = detail::leaves_of<E>(*copy_);
+        auto g = detail::leaves_of<E>(const_cast<Grads&>(reduced));
+        const auto s = std::tuple{detail::leaves_of<E>(states)...};
+        for (std::size_t j = 0; j < params.size(); ++j) {
+          const auto [first, count] = detail::replica_rows(params[j].size(), n, r);
+          std::apply([&](const auto&... state) { step(params[j].subspan(first, count), std::span<const E>(g[j]), state[j]...); }, s);
+        }
+      });
+      ctx_->gather_cuts(*copy_);
+    }
+
    private:
+    std::string where(const char* api) const {
+      return std::string("mirror::MirroredVariable::handle::") + api + " (replica " +
+             std::to_string(ctx_->replica_id_in_sync_group()) + ")";
+    }
+
     handle(T& copy, VariableAggregation aggregation, Context& ctx) noexcept
         : copy_(&copy), aggregation_(aggregation), ctx_(&ctx) {}
     friend class MirroredVariable;

@@ -129,7 +129,8 @@ class ReplicaContext {
       for (std::size_t r = 0; r < all.size() / K; ++r) {
         for (std::size_t j = 0; j < at.size(); ++j) counts_of_e[r * at.size() + j] = all[r * K + at[j]];
       }
-      strategy_->template all_gather_leaves<E>(self_, detail::leaves_of<E>(in), counts_of_e, detail::leaves_of<E>(result));
+      strategy_->template all_gather_leaves<E>(self_, detail::leaves_of<E>(in), counts_of_e, detail::leaves_of<E>(result),
+                                               nullptr);
     });
     return detail::access::synced(std::move(result));
   }
@@ -137,7 +138,8 @@ class ReplicaContext {
   /// The span form of `all_gather`: every replica's `in` into `out`, in replica order, with no
   /// allocation. **Requires**: `out.size()` is the sum of every replica's `in.size()`, on every
   /// replica (else `mirror::shape_error`, on every replica, before anything is copied); `out`
-  /// does not overlap any replica's `in`.
+  /// does not overlap any replica's `in`, except that `in` may be exactly this replica's own
+  /// part of `out` (in place: the parts of the replicas before it, then it).
   template <class E>
   void all_gather(std::span<const E> in, std::span<E> out, axis_t<0>) {
     static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<std::span<E>>()),
@@ -145,7 +147,7 @@ class ReplicaContext {
     const std::array<std::size_t, 1> counts{in.size()}, widths{1};
     const std::vector<std::size_t>& all = gather_counts<std::span<E>>(counts, widths, out.size());
     const std::array<std::span<E>, 1> ins{std::span<E>(const_cast<E*>(in.data()), in.size())}, outs{out};
-    strategy_->template all_gather_leaves<E>(self_, ins, all, outs);
+    strategy_->template all_gather_leaves<E>(self_, ins, all, outs, nullptr);
   }
   /// (For a non-const `in`: the same.)
   template <class E>
@@ -366,6 +368,7 @@ class ReplicaContext {
  private:
   ReplicaContext(Strategy& s, int self) noexcept : strategy_(&s), self_(self) {}
   friend Strategy;
+  template <class> friend class MirroredVariable;  // update_sharded's gather_cuts
 
   template <std::size_t I, class Tuple>
   static std::vector<std::decay_t<std::tuple_element_t<I, Tuple>>> collect(std::span<const void* const> all) {
@@ -387,6 +390,33 @@ class ReplicaContext {
     }
     return {kind,       param, sequence, &typeid(N), K, detail::shape_hash(sizes.data(), K), sizes.data(),
             detail::leaf_type_infos<N>};
+  }
+
+  /// The last step of MirroredVariable's update_sharded: every replica's cut of each leaf of its
+  /// `copy` (owning 1-D leaves, the same lengths on every replica) into every replica's copy, in
+  /// place. The lengths are known everywhere, so only the agreement check is exchanged.
+  template <class N>
+  void gather_cuts(N& copy) {
+    constexpr std::size_t K = detail::leaf_count<N>();
+    std::array<std::size_t, K> sizes{};
+    std::size_t k = 0;
+    detail::for_each_leaf([&](auto& l) { sizes[k++] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size(); },
+                          copy);
+    const detail::collective_header header = make_header<N>(detail::collective_kind::all_gather, 0, sizes);
+    const detail::collective_header* pending = &header;
+    const int n = num_replicas_in_sync(), g = replica_id_in_sync_group();
+    detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
+      const auto full = detail::leaves_of<E>(copy);
+      auto cuts = full;
+      std::vector<std::size_t> counts(static_cast<std::size_t>(n) * full.size());
+      for (std::size_t j = 0; j < full.size(); ++j) {
+        const auto [first, count] = detail::cut_of(full[j].size(), n, g);
+        cuts[j] = full[j].subspan(first, count);
+        for (int q = 0; q < n; ++q) counts[static_cast<std::size_t>(q) * full.size() + j] = detail::cut_of(full[j].size(), n, q).second;
+      }
+      strategy_->template all_gather_leaves<E>(self_, cuts, counts, full, pending);
+      pending = nullptr;
+    });
   }
 
   /// The value a gather or scatter reads its inputs from: `value` itself where the replicas

@@ -762,7 +762,7 @@ class Strategy {
 
   template <class E, std::size_t K>
   void all_gather_leaves(int self, const std::array<std::span<E>, K>& in, std::span<const std::size_t> counts,
-                         const std::array<std::span<E>, K>& out) {
+                         const std::array<std::span<E>, K>& out, const detail::collective_header* header) {
     static_assert(requires(const Ops& o, detail::collective<runtime_type>& c,
                            const detail::segment_list<runtime_type, E>& s) { o.all_gather(c, s, counts, s); },
                   "mirror::ReplicaContext::all_gather: this strategy's ops policy has no all_gather "
@@ -781,7 +781,8 @@ class Strategy {
       in_total += in_sizes[k];
       out_total += out_sizes[k];
     }
-    detail::collective<runtime_type> c(rt_, self, nullptr);  // gather_counts made the agreement check
+    // (No header where gather_counts made the agreement check.)
+    detail::collective<runtime_type> c(rt_, self, header);
     ops_.all_gather(c, detail::segment_list<runtime_type, E>{ins, in_sizes, in_total}, counts,
                     detail::segment_list<runtime_type, E>{outs, out_sizes, out_total});
     for (std::size_t k = 0; k < K; ++k) rt_.detach(self, ins[k], in[k]);

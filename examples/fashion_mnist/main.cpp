@@ -76,6 +76,7 @@ struct Options {
   float momentum = 0.9f;
   std::uint64_t seed = 1;
   std::string policy = "default";
+  std::string optimizer = "sharded";
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::size_t limit = 0;  // 0: the whole training set
   std::string device = "threads";
@@ -90,6 +91,9 @@ constexpr const char* usage_text =
     "  --momentum X      SGD momentum (default 0.9; 0: plain SGD)\n"
     "  --seed N          initial weights and shuffling (default 1)\n"
     "  --policy P        all-reduce algorithm: default, reduction_to_one_device, hierarchical_copy\n"
+    "  --optimizer O     sharded (default): each replica steps 1/N of the model and keeps 1/N of the\n"
+    "                    momentum (reduce_scatter + all_gather, MirroredVariable::handle::update_sharded);\n"
+    "                    replicated: every replica steps the whole model after an all-reduce (CPU devices)\n"
     "  --data DIR        folder of the IDX files (default /usr/share/datasets/fashion-mnist,\n"
     "                    from Debian's dataset-fashion-mnist package)\n"
     "  --limit N         train on the first N training images only (default: all)\n"
@@ -151,6 +155,9 @@ Options parse(int argc, char** argv) {
       if (o.policy != "default" && o.policy != "reduction_to_one_device" && o.policy != "hierarchical_copy") {
         usage_error("unknown --policy '" + o.policy + "'");
       }
+    } else if (a == "--optimizer") {
+      o.optimizer = v;
+      if (o.optimizer != "sharded" && o.optimizer != "replicated") usage_error("unknown --optimizer '" + o.optimizer + "'");
     } else if (a == "--data") {
       o.data = v;
     } else if (a == "--device") {
@@ -232,7 +239,12 @@ class Progress {
 
 bool chief = true;  // prints the progress lines (every worker of a cluster trains the same model)
 
-template <class Device, class Ops>
+/// The parameters of the model in `state` (the replicated optimiser's State, or the sharded
+/// one's Params).
+const fm::Params& params_of(const fm::State& s) noexcept { return s.params; }
+const fm::Params& params_of(const fm::Params& p) noexcept { return p; }
+
+template <class Device, class Ops, bool Sharded>
 double train_and_test(const Options& o, const fm::split& train, const fm::split& test, Device device) {
   using Strategy = mirror::Strategy<Device, Ops>;
   Strategy strategy{device};
@@ -240,8 +252,20 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
   const int replicas = strategy.num_replicas_in_sync();  // in every worker
   const int local = strategy.num_local_replicas();       // in this process
 
-  // The model: one variable; every replica's copy starts from the same seeded weights.
-  auto state = strategy.make_variable(fm::State{fm::init_params(o.seed), fm::zero_params()});
+  // The model. Replicated: one variable of parameters and momentum; every replica's copy starts
+  // from the same seeded weights and every replica steps all of it. Sharded: the parameters are
+  // the variable, and the momentum is a PerReplica of cuts, 1/N of it on each replica, made
+  // with distribute_values_from_function.
+  auto model = [&] {
+    if constexpr (Sharded) {
+      return std::pair{strategy.make_variable(fm::init_params(o.seed)),
+                       strategy.distribute_values_from_function([](const mirror::ValueContext& c) {
+                         return mirror::cut_for_replica(fm::zero_params(), c);
+                       })};
+    } else {
+      return strategy.make_variable(fm::State{fm::init_params(o.seed), fm::zero_params()});
+    }
+  }();
   // Each replica's activations and gradient buffers (replica i receives component i).
   const std::size_t rows_per_replica = (o.batch_size + static_cast<std::size_t>(replicas) - 1) / replicas;
   mirror::PerReplica<fm::Workspace> work(
@@ -258,6 +282,35 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
     s.update([&](fm::State& st, const fm::ParamSpans& g) { fm::apply_momentum(st, g, info.lr, momentum); }, grads);
     return std::pair{std::move(losses), std::move(correct)};
   };
+  auto sharded_step = [momentum = o.momentum](auto&, const Batch& batch, auto& params, fm::Params& velocity,
+                                              fm::Workspace& w, const StepInfo& info) {
+    const std::size_t n = batch.labels.size();
+    std::vector<float> losses(n), correct(n);
+    w.forward_backward(params.value(), batch.images, batch.labels, info.global_rows, losses, correct);
+    // The gradient is reduce-scattered in place (one fused collective over the six buffers),
+    // each replica steps its cut of the parameters with its cut of the momentum, and the cuts
+    // are all-gathered into every replica's copy.
+    params.update_sharded(
+        [&](std::span<float> p, std::span<const float> g, std::span<float> v) {
+          fm::momentum_step(p, v, g, info.lr, momentum);
+        },
+        mirror::ReduceOp::sum, w.grads(), velocity);
+    return std::pair{std::move(losses), std::move(correct)};
+  };
+  const auto step_on = [&](const auto& per_replica, const StepInfo& info) {
+    if constexpr (Sharded) {
+      return strategy.run(sharded_step, per_replica, model.first, model.second, work, info);
+    } else {
+      return strategy.run(train_step, per_replica, model, work, info);
+    }
+  };
+  auto& variable = [&]() -> auto& {
+    if constexpr (Sharded) {
+      return model.first;
+    } else {
+      return model;
+    }
+  }();
 
   std::vector<std::uint8_t> images(train.images.size());
   std::vector<std::int32_t> labels(train.rows);
@@ -296,7 +349,7 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
       const std::size_t g = batches[k++].labels.size();
       const double t = static_cast<double>(step++) / total_steps;
       const StepInfo info{g, static_cast<float>(o.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * t)))};
-      const auto [losses, correct] = strategy.run(train_step, per_replica, state, work, info);  // PerReplica each
+      const auto [losses, correct] = step_on(per_replica, info);  // PerReplica each
       const float loss = strategy.reduce(mirror::ReduceOp::mean, losses, mirror::axis0);
       const float accuracy = strategy.reduce(mirror::ReduceOp::mean, correct, mirror::axis0);
       loss_sum += static_cast<double>(loss) * g;
@@ -322,12 +375,12 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
           std::vector<float> ok(b.labels.size());
           for (std::size_t first = 0; first < ok.size(); first += chunk) {
             const std::size_t n = std::min(chunk, ok.size() - first);
-            w.forward(s.value().params, b.images.subrows(first, n));
+            w.forward(params_of(s.value()), b.images.subrows(first, n));
             for (std::size_t i = 0; i < n; ++i) ok[first + i] = w.predicted(i) == b.labels[first + i] ? 1.0f : 0.0f;
           }
           return ok;
         },
-        per_replica, state, work);
+        per_replica, variable, work);
     accuracy = strategy.reduce(mirror::ReduceOp::mean, correct, mirror::axis0);
   }
   return accuracy;
@@ -481,14 +534,19 @@ double train_on_gpus(const Options& o, const fm::split& train, const fm::split& 
 }
 #endif
 
+/// Trains with the --optimizer.
+template <class Device, class Ops>
+double train_with_optimizer(const Options& o, const fm::split& train, const fm::split& test, const Device& device) {
+  if (o.optimizer == "replicated") return train_and_test<Device, Ops, false>(o, train, test, device);
+  return train_and_test<Device, Ops, true>(o, train, test, device);
+}
+
 /// Trains with the --policy on `device`'s replicas.
 template <class Device>
 double train_with_policy(const Options& o, const fm::split& train, const fm::split& test, const Device& device) {
-  if (o.policy == "reduction_to_one_device") {
-    return train_and_test<Device, mirror::ops::ReductionToOneDevice>(o, train, test, device);
-  }
-  if (o.policy == "hierarchical_copy") return train_and_test<Device, mirror::ops::HierarchicalCopy>(o, train, test, device);
-  return train_and_test<Device, mirror::default_ops_t<Device>>(o, train, test, device);
+  if (o.policy == "reduction_to_one_device") return train_with_optimizer<Device, mirror::ops::ReductionToOneDevice>(o, train, test, device);
+  if (o.policy == "hierarchical_copy") return train_with_optimizer<Device, mirror::ops::HierarchicalCopy>(o, train, test, device);
+  return train_with_optimizer<Device, mirror::default_ops_t<Device>>(o, train, test, device);
 }
 
 }  // namespace
@@ -512,9 +570,9 @@ int main(int argc, char** argv) {
     }
 #endif
     if (gemm.empty()) gemm = configure_gemm();
-    std::printf("fashion_mnist: %zu training and %zu test images from %s; MLP 784-256-128-10, SGD momentum %.2g, "
+    std::printf("fashion_mnist: %zu training and %zu test images from %s; MLP 784-256-128-10, SGD momentum %.2g (%s), "
                 "lr %g (cosine), global batch %zu on %d replica%s (%s), policy %s, seed %llu; %s\n",
-                train.rows, test.rows, o.data.c_str(), double(o.momentum), double(o.lr), o.batch_size, o.replicas,
+                train.rows, test.rows, o.data.c_str(), double(o.momentum), o.optimizer.c_str(), double(o.lr), o.batch_size, o.replicas,
                 o.replicas == 1 ? "" : "s", where.c_str(), policy.c_str(), static_cast<unsigned long long>(o.seed),
                 gemm.c_str());
     std::fflush(stdout);
@@ -524,7 +582,7 @@ int main(int argc, char** argv) {
     if (o.device == "cluster") {
 #if FASHION_MNIST_CLUSTER
       using Cluster = mirror::devices::Cluster<Threads>;
-      accuracy = train_and_test<Cluster, mirror::default_ops_t<Cluster>>(o, train, test, Cluster{.local = threads});
+      accuracy = train_and_test<Cluster, mirror::default_ops_t<Cluster>, false>(o, train, test, Cluster{.local = threads});
 #endif
     } else if (o.device == "cuda") {
 #if FASHION_MNIST_GPU
