@@ -6,6 +6,7 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <new>
@@ -541,17 +542,24 @@ class Strategy {
     G out{};
     std::size_t k = 0;
     detail::for_each_leaf([&](auto& o) { detail::size_gathered(o, totals[k], widths[k]); ++k; }, out);
-    std::array<std::size_t, K> at{};
+    // T and G differ where a scalar or std::array leaf became a vector, so the two nests are
+    // walked apart: G's leaves first, as byte addresses, then each component's into them.
+    std::array<unsigned char*, K> to{};
+    k = 0;
+    detail::for_each_leaf(
+        [&](auto& o) {
+          to[k++] = reinterpret_cast<unsigned char*>(leaf_traits<std::remove_cvref_t<decltype(o)>>::elements(o).data());
+        },
+        out);
     for (const T& c : components) {
       k = 0;
       detail::for_each_leaf(
-          [&](const auto& l, auto& o) {
+          [&](const auto& l) {
             const auto from = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
-            const auto to = leaf_traits<std::remove_cvref_t<decltype(o)>>::elements(o);
-            std::copy(from.begin(), from.end(), to.begin() + static_cast<std::ptrdiff_t>(at[k]));
-            at[k++] += from.size();
+            if (!from.empty()) std::memcpy(to[k], from.data(), from.size_bytes());
+            to[k++] += from.size_bytes();
           },
-          c, out);
+          c);
     }
     if constexpr (multi_worker) {
       detail::gather_nest_across_workers(*rt_.workers(), out, local_problem, "mirror::Strategy::gather");
