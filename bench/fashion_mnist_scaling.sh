@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Scaling of examples/fashion_mnist: mirror on 1, 2 and 4 replicas against the numpy + OpenBLAS
+# Scaling of examples/fashion_mnist: mirror on 1, 2 and 4 replicas (the default sharded optimiser;
+# 1 and 2 replicas also with --optimizer replicated) against the numpy + OpenBLAS
 # baseline (bench/fashion_mnist_numpy.py: same model, optimiser, batch size and epochs), run
 # alternately for several rounds so that load from elsewhere hits every configuration alike.
 # Prints the runs as they finish (stderr) and then a Markdown table (stdout).
@@ -60,6 +61,10 @@ for ((round = 1; round <= rounds; ++round)); do
   for r in 1 2 4; do
     run "mirror-$r" "$trainer" "${common[@]}" --replicas "$r" --policy "$policy"
   done
+  # The replicated optimiser (every replica steps the whole model) beside the default sharded one.
+  for r in 1 2; do
+    run "mirror-${r}r" "$trainer" "${common[@]}" --replicas "$r" --policy "$policy" --optimizer replicated
+  done
   run numpy "$numpy_script" "${common[@]}"
   run numpy-1 "$numpy_script" "${common[@]}" --blas-threads 1
 done
@@ -84,6 +89,7 @@ med = statistics.median
 print('| trainer | samples/s | speedup vs 1 replica | vs numpy | test accuracy | best round: samples/s, speedup |')
 print('|---|---:|---:|---:|---:|---:|')
 labels = {'mirror-1': 'mirror, 1 replica', 'mirror-2': 'mirror, 2 replicas', 'mirror-4': 'mirror, 4 replicas',
+          'mirror-1r': 'mirror, 1 replica, replicated optimiser', 'mirror-2r': 'mirror, 2 replicas, replicated optimiser',
           'numpy': f'numpy + OpenBLAS, default threads ({sys.argv[2]})', 'numpy-1': 'numpy + OpenBLAS, 1 thread'}
 for name, label in labels.items():
     v = rate[name]

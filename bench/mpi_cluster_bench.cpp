@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// Cross-worker all-reduce (devices::Cluster<Threads>, ops::Hierarchical over MPI) against raw
-// MPI_Allreduce(MPI_IN_PLACE, sum) of the same bytes on the same processes (issue 6's
-// target: <= 5 % overhead at >= 64 KiB). Launch under mpirun, one process per worker:
+// Cross-worker collectives (devices::Cluster<Threads>, ops::Hierarchical over MPI) against the
+// raw MPI collective of the same bytes on the same processes (issue 6's target for all_reduce:
+// <= 5 % overhead at >= 64 KiB). Launch under mpirun, one process per worker:
 //   mpirun -np 2 --bind-to none build/bench/mpi_cluster_bench [--replicas R] [--repetitions N]
-//          [--min-time SECONDS] [--no-validate] [--deterministic] BYTES...
+//          [--min-time SECONDS] [--no-validate] [--deterministic] [--verb VERB] BYTES...
 // --deterministic: ops::MpiAllReduce{.deterministic = true} (worker order: all-to-all, fold,
 // all-gather) instead of one MPI_Iallreduce.
+// --verb: all_reduce (default; against MPI_Allreduce in place), reduce_scatter (each replica's
+// BYTES reduced, its cut kept, in place on a span; against MPI_Reduce_scatter_block of the same
+// BYTES per process) or all_gather (BYTES gathered in all, BYTES / (W*R) from each replica, the
+// span form; against MPI_Allgather). BYTES is rounded down to a multiple of 4*W*R.
 // Rank 0 prints Google Benchmark-shaped JSON (impl:cluster / impl:mpi, real_time in ns per
 // call), repetitions of the two alternating, so bench/report.py can read it.
 #include <mirror/mirror.hpp>
@@ -63,6 +67,7 @@ int main(int argc, char** argv) {
   int replicas = 1, repetitions = 5;
   double min_time = 0.2;
   bool validate = true, deterministic = false;
+  std::string verb = "all_reduce";
   std::vector<std::size_t> sizes;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--replicas") && i + 1 < argc) {
@@ -75,6 +80,12 @@ int main(int argc, char** argv) {
       validate = false;
     } else if (!std::strcmp(argv[i], "--deterministic")) {
       deterministic = true;
+    } else if (!std::strcmp(argv[i], "--verb") && i + 1 < argc) {
+      verb = argv[++i];
+      if (verb != "all_reduce" && verb != "reduce_scatter" && verb != "all_gather") {
+        if (rank == 0) std::fprintf(stderr, "mpi_cluster_bench: --verb all_reduce|reduce_scatter|all_gather\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
     } else {
       sizes.push_back(std::strtoull(argv[i], nullptr, 10));
     }
@@ -88,26 +99,47 @@ int main(int argc, char** argv) {
     ops.cross.deterministic = deterministic;
     mirror::Strategy<Cluster> s(device, ops);
     if (rank == 0) {
-      std::printf("{\n  \"context\": {\"verb\": \"cluster_all_reduce\", \"device\": \"Cluster<Threads>, %d workers x %d "
+      std::printf("{\n  \"context\": {\"verb\": \"cluster_%s\", \"device\": \"Cluster<Threads>, %d workers x %d "
                   "replicas\", \"validate_shapes\": %s, \"deterministic\": %s, \"git\": \"%s\"},\n  "
                   "\"benchmarks\": [\n",
-                  size, replicas, validate ? "true" : "false", deterministic ? "true" : "false", MIRROR_GIT_DESCRIBE);
+                  verb.c_str(), size, replicas, validate ? "true" : "false", deterministic ? "true" : "false",
+                  MIRROR_GIT_DESCRIBE);
     }
     bool first = true;
     for (const std::size_t bytes : sizes) {
-      const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
+      const std::size_t N = static_cast<std::size_t>(size * replicas);
+      const std::size_t n = std::max<std::size_t>(N, bytes / sizeof(float) / N * N);
+      const std::size_t part = n / N;  // all_gather: each replica's share; reduce_scatter: its cut
       std::vector<std::vector<float>> bufs(static_cast<std::size_t>(replicas), std::vector<float>(n, 1.f));
-      std::vector<float> raw(n, 1.f);
+      std::vector<std::vector<float>> parts(static_cast<std::size_t>(replicas), std::vector<float>(part, 1.f));
+      std::vector<float> raw(n, 1.f), raw_out(n, 0.f);
       // The collective inside one run, `iters` times: run's dispatch is not what is measured.
       auto cluster = [&](long iters) {
         s.run([&](auto& ctx) {
           std::span<float> mine(bufs[static_cast<std::size_t>(ctx.replica_id_in_sync_group() % replicas)]);
-          for (long k = 0; k < iters; ++k) ctx.all_reduce(mirror::ReduceOp::sum, mine);
+          for (long k = 0; k < iters; ++k) {
+            if (verb == "reduce_scatter") {
+              ctx.reduce_scatter(mirror::ReduceOp::sum, mine);
+            } else if (verb == "all_gather") {
+              ctx.all_gather(std::span<const float>(parts[static_cast<std::size_t>(ctx.replica_id_in_sync_group() % replicas)]),
+                             mine, mirror::axis0);
+            } else {
+              ctx.all_reduce(mirror::ReduceOp::sum, mine);
+            }
+          }
         });
       };
+      // The raw collective over the W processes, as one process per worker would call it.
+      const int per_process = static_cast<int>(n / static_cast<std::size_t>(size));
       auto mpi = [&](long iters) {
         for (long k = 0; k < iters; ++k) {
-          MPI_Allreduce(MPI_IN_PLACE, raw.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          if (verb == "reduce_scatter") {
+            MPI_Reduce_scatter_block(raw.data(), raw_out.data(), per_process, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          } else if (verb == "all_gather") {
+            MPI_Allgather(raw.data(), per_process, MPI_FLOAT, raw_out.data(), per_process, MPI_FLOAT, MPI_COMM_WORLD);
+          } else {
+            MPI_Allreduce(MPI_IN_PLACE, raw.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          }
         }
       };
       const long iters_cluster = calibrate(min_time, cluster);
@@ -117,10 +149,10 @@ int main(int argc, char** argv) {
           const long iters = is_mpi ? iters_mpi : iters_cluster;
           const double ns = (is_mpi ? timed(iters, mpi) : timed(iters, cluster)) * 1e9 / static_cast<double>(iters);
           if (rank == 0) {
-            std::printf("%s    {\"name\": \"cluster_all_reduce/impl:%s/type:float/workers:%d/replicas:%d/bytes:%zu\", "
+            std::printf("%s    {\"name\": \"cluster_%s/impl:%s/type:float/workers:%d/replicas:%d/bytes:%zu\", "
                         "\"run_type\": \"iteration\", \"repetition_index\": %d, \"iterations\": %ld, "
                         "\"real_time\": %.3f, \"time_unit\": \"ns\", \"workers\": %d, \"replicas\": %d, \"bytes\": %zu}",
-                        first ? "" : ",\n", is_mpi ? "mpi" : "cluster", size, replicas, n * sizeof(float), rep, iters,
+                        first ? "" : ",\n", verb.c_str(), is_mpi ? "mpi" : "cluster", size, replicas, n * sizeof(float), rep, iters,
                         ns, size, replicas, n * sizeof(float));
             first = false;
           }

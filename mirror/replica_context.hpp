@@ -138,7 +138,8 @@ class ReplicaContext {
   /// The span form of `all_gather`: every replica's `in` into `out`, in replica order, with no
   /// allocation. **Requires**: `out.size()` is the sum of every replica's `in.size()`, on every
   /// replica (else `mirror::shape_error`, on every replica, before anything is copied); `out`
-  /// does not overlap any replica's `in`.
+  /// does not overlap any replica's `in`, except that `in` may be exactly this replica's own
+  /// part of `out` (in place: the parts of the replicas before it, then it).
   template <class E>
   void all_gather(std::span<const E> in, std::span<E> out, axis_t<0>) {
     static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<std::span<E>>()),

@@ -6,6 +6,7 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <new>
@@ -510,43 +511,58 @@ class Strategy {
     if (value.size() != static_cast<std::size_t>(num_local_replicas())) {
       detail::throw_component_count_error("gather(value, axis0)", value.size(), num_local_replicas(), multi_worker);
     }
-    static_assert(!multi_worker || sizeof(Device) == 0, "mirror::Strategy::gather across workers is not built yet");
     using G = detail::gathered_t<T>;
     constexpr std::size_t K = detail::leaf_count<T>();
     const std::span<const T> components = local_results(value);
     std::array<std::size_t, K> totals{}, widths{};
+    // Multi-worker: a worker whose components disagree must not throw alone (the others would
+    // wait for it in the cross-worker step); every worker learns of it there and throws.
+    std::string local_problem;
     for (std::size_t r = 0; r < components.size(); ++r) {
       std::size_t k = 0;
       detail::for_each_leaf(
           [&](const auto& l) {
             const std::size_t w = detail::row_width(l);
             if (r == 0) widths[k] = w;
-            if (w != widths[k]) {
-              throw shape_error(detail::format("mirror::Strategy::gather(value, axis0): leaf %zu (%s) has rows of %zu "
-                                               "elements on replica %zu but of %zu on replica 0; gather concatenates "
-                                               "along the first dimension only, so every replica's rows must be "
-                                               "equally wide",
-                                               k, detail::type_name<std::remove_cvref_t<decltype(l)>>().c_str(), w, r,
-                                               widths[k]));
+            if (w != widths[k] && local_problem.empty()) {
+              local_problem = detail::format("mirror::Strategy::gather(value, axis0): leaf %zu (%s) has rows of %zu "
+                                             "elements on replica %d but of %zu on replica %d; gather concatenates "
+                                             "along the first dimension only, so every replica's rows must be "
+                                             "equally wide",
+                                             k, detail::type_name<std::remove_cvref_t<decltype(l)>>().c_str(), w,
+                                             first_local_replica() + static_cast<int>(r), widths[k],
+                                             first_local_replica())
+                                  .c_str();
             }
             totals[k++] += leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size();
           },
           components[r]);
     }
+    if (!multi_worker && !local_problem.empty()) throw shape_error(local_problem);
     G out{};
     std::size_t k = 0;
     detail::for_each_leaf([&](auto& o) { detail::size_gathered(o, totals[k], widths[k]); ++k; }, out);
-    std::array<std::size_t, K> at{};
+    // T and G differ where a scalar or std::array leaf became a vector, so the two nests are
+    // walked apart: G's leaves first, as byte addresses, then each component's into them.
+    std::array<unsigned char*, K> to{};
+    k = 0;
+    detail::for_each_leaf(
+        [&](auto& o) {
+          to[k++] = reinterpret_cast<unsigned char*>(leaf_traits<std::remove_cvref_t<decltype(o)>>::elements(o).data());
+        },
+        out);
     for (const T& c : components) {
       k = 0;
       detail::for_each_leaf(
-          [&](const auto& l, auto& o) {
+          [&](const auto& l) {
             const auto from = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
-            const auto to = leaf_traits<std::remove_cvref_t<decltype(o)>>::elements(o);
-            std::copy(from.begin(), from.end(), to.begin() + static_cast<std::ptrdiff_t>(at[k]));
-            at[k++] += from.size();
+            if (!from.empty()) std::memcpy(to[k], from.data(), from.size_bytes());
+            to[k++] += from.size_bytes();
           },
-          c, out);
+          c);
+    }
+    if constexpr (multi_worker) {
+      detail::gather_nest_across_workers(*rt_.workers(), out, local_problem, "mirror::Strategy::gather");
     }
     return out;
   }
@@ -791,24 +807,49 @@ class Strategy {
       const std::size_t* widths;
       std::size_t out_size;
     };
-    static_assert(!multi_worker || sizeof(Device) == 0,
-                  "mirror::ReplicaContext::all_gather across workers is not built yet");
     detail::collective<runtime_type> c(rt_, self, &header);
     const auto posts = c.exchange(post{counts, widths, out_size});
-    const std::size_t n = posts.size();
+    // Per replica: its lengths, its widths, its out size; every replica (of every worker)
+    // checks the same table, so all throw the same shape_error or none does.
+    const std::size_t words = 2 * leaves + 1;
+    std::vector<std::size_t> local(posts.size() * words);
+    for (std::size_t r = 0; r < posts.size(); ++r) {
+      for (std::size_t k = 0; k < leaves; ++k) {
+        local[r * words + k] = posts[r].counts[k];
+        local[r * words + leaves + k] = posts[r].widths[k];
+      }
+      local[r * words + 2 * leaves] = posts[r].out_size;
+    }
+    const std::vector<std::size_t>* table = &local;
+    [[maybe_unused]] std::vector<std::size_t> global;
+    if constexpr (multi_worker) {
+      // Worker w's replicas are global replicas w*R .. w*R+R-1: one all-gather of every
+      // worker's table is the global table, in global replica order. Replica 0 makes it; the
+      // others read it from its frame.
+      if (self == 0) {
+        global.resize(local.size() * static_cast<std::size_t>(num_workers()));
+        detail::all_gather_counts_across_workers(*rt_.workers(), local, global, "mirror::ReplicaContext::all_gather");
+      }
+      struct shared {
+        const std::vector<std::size_t>* table;
+      };
+      table = c.exchange(shared{&global})[0].table;
+    }
+    const std::size_t n = table->size() / words;
+    const auto word = [&](std::size_t r, std::size_t i) { return (*table)[r * words + i]; };
     all.resize(n * leaves);
     for (std::size_t r = 0; r < n; ++r) {
-      for (std::size_t k = 0; k < leaves; ++k) all[r * leaves + k] = posts[r].counts[k];
+      for (std::size_t k = 0; k < leaves; ++k) all[r * leaves + k] = word(r, k);
     }
     std::string problem;
     for (std::size_t r = 1; r < n && problem.empty(); ++r) {
       for (std::size_t k = 0; k < leaves; ++k) {
-        if (posts[r].widths[k] != posts[0].widths[k]) {
+        if (word(r, leaves + k) != word(0, leaves + k)) {
           problem = detail::format("mirror::ReplicaContext::all_gather: leaf %zu (%s) has rows of %zu elements on "
                                    "replica %zu but of %zu on replica 0; all_gather concatenates along the first "
                                    "dimension only, so every replica's rows must be equally wide",
-                                   k, detail::demangle(header.leaf_types[k]->name()).c_str(), posts[r].widths[k], r,
-                                   posts[0].widths[k])
+                                   k, detail::demangle(header.leaf_types[k]->name()).c_str(), word(r, leaves + k), r,
+                                   word(0, leaves + k))
                         .c_str();
           break;
         }
@@ -816,17 +857,19 @@ class Strategy {
     }
     if (problem.empty() && leaves == 1) {
       std::size_t total = 0;
-      for (std::size_t r = 0; r < n; ++r) total += posts[r].counts[0];
+      for (std::size_t r = 0; r < n; ++r) total += word(r, 0);
       for (std::size_t r = 0; r < n; ++r) {
-        if (posts[r].out_size != detail::any_size && posts[r].out_size != total) {
+        const std::size_t out = word(r, 2 * leaves);
+        if (out != detail::any_size && out != total) {
           problem = detail::format("mirror::ReplicaContext::all_gather(in, out, axis0) on replica %zu: out has %zu "
                                    "elements but the replicas' inputs have %zu in all; pass an out span of %zu",
-                                   r, posts[r].out_size, total, total)
+                                   r, out, total, total)
                         .c_str();
           break;
         }
       }
     }
+    if (multi_worker && problem.empty()) rt_.barrier(self);  // replica 0's table is read until here
     if (!problem.empty()) {
       rt_.barrier(self);  // every replica has read the others' frames before any unwinds
       throw shape_error(problem);

@@ -4,6 +4,8 @@
 /// `mirror::ops::Hierarchical<LocalOps, Cross>`: the all-reduce of `devices::Cluster`.
 
 #include <cstddef>
+#include <span>
+#include <vector>
 #include <backends/mpi/cluster_device.hpp>
 #include <backends/mpi/mpi_all_reduce.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
@@ -11,6 +13,7 @@
 #include <mirror/detail/collective.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/lean_std.hpp>  // std::copy
+#include <mirror/detail/replica_rows.hpp>
 #include <mirror/detail/segments.hpp>
 #include <mirror/reduce_op.hpp>
 
@@ -91,6 +94,153 @@ struct Hierarchical {
       for (std::size_t k = 0; k < s.leaves.size(); ++k) rt.copy(self, s.leaves[k], all[0].leaves[k], s.sizes[k]);
     }
     c.barrier();  // replica 0's buffers stay valid until every copy is done
+  }
+
+  /// The `reduce_scatter` of the ops interface (mirror/concepts/cross_device_ops.hpp), called
+  /// by every local replica of every worker: replica g = w*R + self receives cut g
+  /// (`detail::replica_rows(n, W*R, g)`) of each leaf's reduction.
+  ///
+  /// A hierarchical composition rather than one MPI_Ireduce_scatter over W*R ranks: the local
+  /// phase is the all-reduce's own (`LocalOps`, on a copy of the leaves, so that the rest of a
+  /// span stays as it was), and the cross step (`worker_group::reduce_scatter`) gives this
+  /// worker's contiguous range of cuts the all-reduce's cross-worker order — MPI's reduce-scatter
+  /// promises no order, and bitwise equality with `all_reduce` is the contract. The cross step
+  /// is an MPI_Ialltoall of each worker's range plus a fold in worker order (the bytes of
+  /// MPI_Reduce_scatter) wherever that is the all-reduce's order or any order gives the same
+  /// bits (`MpiAllReduce{.deterministic = true}`, integers, two workers); floating point in
+  /// MPI's order over three workers or more takes the all-reduce's MPI_Iallreduce and keeps the
+  /// range. Then each local replica copies its cut from replica 0 (and `mean` divides by W*R).
+  template <class Rt, class E>
+  void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
+                      const detail::segment_list<Rt, E>& out) const {
+    static_assert(detail::spans_workers<Rt> && Rt::host_addressable,
+                  "mirror::ops::Hierarchical needs devices::Cluster<devices::Threads> (replicas in several "
+                  "processes, host memory); in one process use default_ops_t<Device>");
+    Rt& rt = c.runtime();
+    detail::worker_group& g = *rt.workers();
+    const int self = c.self(), R = c.num_replicas(), W = g.num_workers();
+    const int global = g.worker_index() * R + self;
+    const std::size_t K = in.leaves.size();
+    // With one worker the local policy's all-reduce is the whole answer (as in all_reduce);
+    // with several local replicas it is the local phase. Either way on a copy.
+    E* local_result = nullptr;
+    if (W == 1 || R > 1) {
+      local_result = rt.template scratch<E>(self, in.total);
+      std::vector<E*> copies(K);
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < K; ++k) {
+        copies[k] = local_result + at;
+        std::copy(in.leaves[k], in.leaves[k] + in.sizes[k], copies[k]);
+        at += in.sizes[k];
+      }
+      local.all_reduce(c, W == 1 ? op : detail::cross_op(op), detail::segment_list<Rt, E>{copies, in.sizes, in.total});
+      if (W == 1) {
+        at = 0;
+        for (std::size_t k = 0; k < K; ++k) {
+          const std::size_t first = detail::replica_rows(in.sizes[k], R, self).first;
+          std::copy(local_result + at + first, local_result + at + first + out.sizes[k], out.leaves[k]);
+          at += in.sizes[k];
+        }
+        return;
+      }
+    } else {
+      c.barrier();  // one local replica: only the (trivial) local agreement check
+    }
+    const std::size_t n = static_cast<std::size_t>(W) * static_cast<std::size_t>(R);
+    const char* what = "mirror::ReplicaContext::reduce_scatter (cross-worker step)";
+    if (R == 1) {
+      // This replica's cut is its worker's whole range: straight from and into the leaves when
+      // there is one, else through the scratch (the cross step may write over what it read).
+      if (K == 1) {
+        g.reduce_scatter(in.leaves[0], in.sizes.data(), 1, out.leaves[0], detail::element_kind_of<E>(),
+                         detail::cross_op(op), what);
+      } else {
+        E* packed = rt.template scratch<E>(self, in.total);
+        std::size_t at = 0;
+        for (std::size_t k = 0; k < K; ++k) {
+          std::copy(in.leaves[k], in.leaves[k] + in.sizes[k], packed + at);
+          at += in.sizes[k];
+        }
+        g.reduce_scatter(packed, in.sizes.data(), K, packed, detail::element_kind_of<E>(), detail::cross_op(op), what);
+        at = 0;
+        for (std::size_t k = 0; k < K; ++k) {
+          std::copy(packed + at, packed + at + out.sizes[k], out.leaves[k]);
+          at += out.sizes[k];
+        }
+      }
+      if (op == ReduceOp::mean) {
+        for (std::size_t k = 0; k < K; ++k) rt.divide(self, out.leaves[k], out.sizes[k], n);
+      }
+      return;
+    }
+    if (self == 0) {
+      g.reduce_scatter(local_result, in.sizes.data(), K, local_result, detail::element_kind_of<E>(),
+                       detail::cross_op(op), what);
+    }
+    struct post {
+      const E* range;  // replica 0's: the worker's range of every leaf, leaf after leaf
+    };
+    const auto all = c.exchange(post{local_result});
+    const int first_replica = global - self;
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < K; ++k) {
+      const std::size_t range_first = detail::replica_rows(in.sizes[k], static_cast<int>(n), first_replica).first;
+      const std::size_t mine = detail::replica_rows(in.sizes[k], static_cast<int>(n), global).first;
+      rt.copy(self, out.leaves[k], all[0].range + at + (mine - range_first), out.sizes[k]);
+      if (op == ReduceOp::mean) rt.divide(self, out.leaves[k], out.sizes[k], n);
+      const std::size_t range_end = first_replica + R == static_cast<int>(n)
+                                        ? in.sizes[k]
+                                        : detail::replica_rows(in.sizes[k], static_cast<int>(n), first_replica + R).first;
+      at += range_end - range_first;
+    }
+    c.barrier();  // replica 0's scratch stays valid until every copy is done
+  }
+
+  /// The `all_gather` of the ops interface, called by every local replica of every worker:
+  /// every replica's leaf k becomes the concatenation over the W*R global replicas g of g's
+  /// leaf k (`counts[g*K + k]` elements, equal on every replica of every worker).
+  ///
+  /// Hierarchical, as the all-reduce: each local replica copies its leaves into replica 0's
+  /// output at its global offsets, replica 0 has the communication thread exchange the workers'
+  /// blocks (`worker_group::all_gather`: one MPI_Iallgather, in place for one leaf of equal
+  /// blocks), and the other local replicas copy the whole result from replica 0. One MPI
+  /// collective per worker instead of one per replica, and no order to keep: only copies.
+  template <class Rt, class E>
+  void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
+                  std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const {
+    static_assert(detail::spans_workers<Rt> && Rt::host_addressable,
+                  "mirror::ops::Hierarchical needs devices::Cluster<devices::Threads> (replicas in several "
+                  "processes, host memory); in one process use default_ops_t<Device>");
+    Rt& rt = c.runtime();
+    detail::worker_group& g = *rt.workers();
+    const int self = c.self(), R = c.num_replicas(), W = g.num_workers();
+    const std::size_t K = in.leaves.size(), N = static_cast<std::size_t>(W) * static_cast<std::size_t>(R);
+    const std::size_t global = static_cast<std::size_t>(g.worker_index() * R + self);
+    struct post {
+      const typename detail::segment_list<Rt, E>::pointer* leaves;  // replica 0's output leaves
+    };
+    const auto all = c.exchange(post{out.leaves.data()});
+    for (std::size_t k = 0; k < K; ++k) {
+      std::size_t at = 0;
+      for (std::size_t q = 0; q < global; ++q) at += counts[q * K + k];
+      rt.copy(self, all[0].leaves[k] + at, in.leaves[k], counts[global * K + k]);
+    }
+    if (R > 1) c.barrier();
+    if (self == 0 && W > 1) {
+      std::vector<std::size_t> per_worker(static_cast<std::size_t>(W) * K, 0);
+      for (std::size_t q = 0; q < N; ++q) {
+        for (std::size_t k = 0; k < K; ++k) per_worker[q / static_cast<std::size_t>(R) * K + k] += counts[q * K + k];
+      }
+      std::vector<void*> leaves(out.leaves.begin(), out.leaves.end());
+      g.all_gather(leaves.data(), K, per_worker.data(), sizeof(E), "mirror::ReplicaContext::all_gather (cross-worker step)",
+                   true);
+    }
+    if (R == 1) return;
+    c.barrier();
+    if (self != 0) {
+      for (std::size_t k = 0; k < K; ++k) rt.copy(self, out.leaves[k], all[0].leaves[k], out.sizes[k]);
+    }
+    c.barrier();  // replica 0's output stays as it is until every copy is done
   }
 
  private:

@@ -57,8 +57,10 @@ enum notice_kind : std::int64_t { notice_failure = 0, notice_timeout = 1 };
 // A collective posted on the data communicator, described well enough for a worker that did
 // not post it to post its match (recover()): what, how many elements of which kind, the op or
 // the root. Sent as posted_words int64.
-enum post_kind : std::int64_t { post_allreduce = 0, post_bcast = 1, post_allgather4 = 2, post_alltoallv = 3,
-                                post_allgatherv = 4 };
+// post_allgather_words: `count` int64 per worker; post_alltoall: blocks of `count` elements;
+// post_allgather_bytes: blocks of `count` bytes, `op` 1 when in place.
+enum post_kind : std::int64_t { post_allreduce = 0, post_bcast = 1, post_allgather_words = 2, post_alltoallv = 3,
+                                post_allgatherv = 4, post_alltoall = 5, post_allgather_bytes = 6 };
 struct posted_op {
   std::int64_t seq = 0;      // its number among this worker's posts (impl::sequence)
   std::int64_t kind = 0;     // post_kind
@@ -242,7 +244,7 @@ unsigned share_of_host_cores(MPI_Comm comm) {
 
 struct group::impl {
   struct job {
-    enum kind_t { check, reduce, bcast } kind;
+    enum kind_t { check, reduce, bcast, scatter, gather, counts } kind;
     void* data;
     std::size_t count;  // elements (reduce, check) or bytes (bcast)
     detail::element_kind element;
@@ -256,6 +258,12 @@ struct group::impl {
     // messages; sequence 0 outside fn (then `what` names the API).
     detail::collective_position position{};
     std::int64_t phase = 0;  // the caller's phase (impl::phase) when it handed the job over
+    // scatter: the leaf sizes (count: their sum) and where the worker's range goes; gather: the
+    // leaves and the W*K counts (count: all leaves' bytes); counts: `out` gets W*count words.
+    const std::size_t* sizes = nullptr;
+    std::size_t num_sizes = 0;
+    void* out = nullptr;
+    void* const* leaves = nullptr;
     clock::rep done_at = 0;          // when the thread finished it (written before `done`)
     std::atomic<bool> done{false};  // set (under mutex) after everything else the thread writes
   };
@@ -572,9 +580,14 @@ struct group::impl {
       note_local_failure();
       if (pending > drained && pending <= j.phase) recover(pending, nullptr);
       throw_if_failed(j.phase);
-      const bool check_first = j.kind == job::check || (validate && !(j.kind == job::reduce && j.checked));
+      // An all-gather's counts were gathered (and checked) just before: equal on every worker.
+      const bool check_first =
+          j.kind == job::check || (validate && !((j.kind == job::reduce || j.kind == job::gather) && j.checked));
       if (check_first) agree(j);
       if (j.kind == job::check) return;
+      if (j.kind == job::scatter) return scatter(j);
+      if (j.kind == job::gather) return gather(j);
+      if (j.kind == job::counts) return gather_counts(j);
       if (j.kind == job::reduce && j.in_worker_order) {
         reduce_in_worker_order(j);
         return;
@@ -655,15 +668,207 @@ struct group::impl {
     wait(request, j.what);
   }
 
+  /// Worker p's range of each of the `K` leaves of `sizes` in a reduce-scatter over the W*R
+  /// global replicas: the cuts of its replicas p*R .. p*R+R-1, [first[k*W+p], first + count).
+  void worker_ranges(const std::size_t* sizes, std::size_t K, std::vector<std::size_t>& first,
+                     std::vector<std::size_t>& count) const {
+    first.assign(K * static_cast<std::size_t>(W), 0);
+    count.assign(K * static_cast<std::size_t>(W), 0);
+    for (std::size_t k = 0; k < K; ++k) {
+      for (int p = 0; p < W; ++p) {
+        const std::size_t lo = detail::replica_rows(sizes[k], W * R, p * R).first;
+        const std::size_t hi = p + 1 == W ? sizes[k] : detail::replica_rows(sizes[k], W * R, (p + 1) * R).first;
+        first[k * static_cast<std::size_t>(W) + static_cast<std::size_t>(p)] = lo;
+        count[k * static_cast<std::size_t>(W) + static_cast<std::size_t>(p)] = hi - lo;
+      }
+    }
+  }
+
+  /// A reduce-scatter with the bits of the all-reduce (worker_group::reduce_scatter). Where the
+  /// all-reduce folds in worker order, or where any order gives the same bits (integers; two
+  /// workers, one operation per element), an all-to-all of each worker's ranges and a fold in
+  /// worker order as reduce_in_worker_order does it: the bytes of MPI_Reduce_scatter,
+  /// (W-1)/W of the buffer per worker. The blocks are the largest worker's range (they differ
+  /// by at most R elements per leaf), so that a worker that never posted it can post its match
+  /// from one number (recover()). Otherwise (floating point in MPI's order, three workers or
+  /// more) only the all-reduce itself gives its bits: the same MPI_Iallreduce of the whole
+  /// buffer, of which the worker keeps its range.
+  void scatter(job& j) {
+    const std::size_t K = j.num_sizes, bytes = j.element.bytes, Wn = static_cast<std::size_t>(W);
+    std::vector<std::size_t> first, count, at(K, 0);
+    worker_ranges(j.sizes, K, first, count);
+    for (std::size_t k = 1; k < K; ++k) at[k] = at[k - 1] + j.sizes[k - 1];
+    const auto* in = static_cast<const unsigned char*>(j.data);
+    auto* out = static_cast<unsigned char*>(j.out);
+    const MPI_Datatype type = datatype_of(j.element);
+    const bool by_worker =
+        j.in_worker_order || W == 2 || j.element.cat != detail::element_kind::category::floating;
+    if (!by_worker) {
+      auto whole = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, j.count * bytes));
+      if (j.count != 0) std::memcpy(whole.get(), in, j.count * bytes);
+      log_post(post_allreduce, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
+      const bool ring = use_ring(j.count * bytes);
+      if (ring) ring_algorithm.set(1);
+      MPI_Request request = MPI_REQUEST_NULL;
+      const int code = MPI_Iallreduce(MPI_IN_PLACE, whole.get(), static_cast<int>(j.count), type,
+                                      op_of(j.op, j.element), data, &request);
+      if (ring) ring_algorithm.set(0);
+      check(code, "MPI_Iallreduce (reduce-scatter)", j.what);
+      wait_keeping(request, j.what, whole);
+      std::size_t pos = 0;
+      for (std::size_t k = 0; k < K; ++k) {
+        const std::size_t i = k * Wn + static_cast<std::size_t>(w);
+        if (count[i] != 0) std::memmove(out + pos * bytes, whole.get() + (at[k] + first[i]) * bytes, count[i] * bytes);
+        pos += count[i];
+      }
+      return;
+    }
+    std::vector<std::size_t> per(Wn, 0);  // each worker's elements over all leaves
+    for (std::size_t k = 0; k < K; ++k) {
+      for (std::size_t p = 0; p < Wn; ++p) per[p] += count[k * Wn + p];
+    }
+    const std::size_t block = *std::max_element(per.begin(), per.end());
+    const std::size_t mine = per[static_cast<std::size_t>(w)];
+    if (block > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      throw std::invalid_argument(std::string(j.what) + ": " + std::to_string(block) +
+                                  " elements per worker in one cross-worker reduce-scatter exceed MPI's int count; "
+                                  "split the leaf");
+    }
+    // One leaf whose ranges are equal is already laid out as W blocks: sent as it is.
+    const bool direct = K == 1 && std::all_of(per.begin(), per.end(), [&](std::size_t c) { return c == block; });
+    // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
+    std::unique_ptr<unsigned char[]> packed;
+    if (!direct) {
+      packed = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, Wn * block * bytes));
+      for (std::size_t p = 0; p < Wn; ++p) {
+        std::size_t pos = p * block;
+        for (std::size_t k = 0; k < K; ++k) {
+          const std::size_t i = k * Wn + p;
+          if (count[i] != 0) std::memcpy(packed.get() + pos * bytes, in + (at[k] + first[i]) * bytes, count[i] * bytes);
+          pos += count[i];
+        }
+      }
+    }
+    auto rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, Wn * block * bytes));
+    log_post(post_alltoall, block, code_of(j.element), static_cast<std::int64_t>(j.op));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ialltoall(direct ? in : packed.get(), static_cast<int>(block), type, rows.get(), static_cast<int>(block),
+                        type, data, &request),
+          "MPI_Ialltoall (reduce-scatter)", j.what);
+    try {
+      wait(request, j.what);
+    } catch (...) {
+      keep_until_exit(rows);
+      if (packed) keep_until_exit(packed);
+      throw;
+    }
+    const std::size_t row = block * bytes;
+    for (std::size_t p = 1; p < Wn && mine != 0; ++p) {
+      check(MPI_Reduce_local(rows.get() + p * row, rows.get(), static_cast<int>(mine), type, op_of(j.op, j.element)),
+            "MPI_Reduce_local (reduce-scatter)", j.what);
+    }
+    if (mine != 0) std::memmove(out, rows.get(), mine * bytes);
+  }
+
+  /// worker_group::all_gather: one MPI_Iallgather of blocks of the largest worker's bytes
+  /// (a worker that never posted it can post its match from that one number), in place when
+  /// there is one leaf and every worker's block has that size; otherwise packed and unpacked.
+  void gather(job& j) {
+    const std::size_t K = j.num_sizes, bytes = j.element.bytes, Wn = static_cast<std::size_t>(W);
+    const std::size_t* counts = j.sizes;
+    std::vector<std::size_t> per(Wn, 0);
+    for (std::size_t p = 0; p < Wn; ++p) {
+      for (std::size_t k = 0; k < K; ++k) per[p] += counts[p * K + k] * bytes;
+    }
+    const std::size_t block = *std::max_element(per.begin(), per.end());
+    if (block == 0) return;  // nothing anywhere (every worker has the same counts: none posts)
+    if (block > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      throw std::invalid_argument(std::string(j.what) + ": " + std::to_string(block) +
+                                  " bytes per worker in one cross-worker all-gather exceed MPI's int count; split the "
+                                  "leaf");
+    }
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (K == 1 && std::all_of(per.begin(), per.end(), [&](std::size_t c) { return c == block; })) {
+      log_post(post_allgather_bytes, block, 0, 1);
+      check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.leaves[0], static_cast<int>(block), MPI_BYTE, data,
+                           &request),
+            "MPI_Iallgather (all-gather)", j.what);
+      wait(request, j.what);
+      return;
+    }
+    // Where worker p's block of leaf k starts in leaf k: after the blocks of workers 0..p-1.
+    std::vector<std::size_t> at(Wn * K, 0);
+    for (std::size_t k = 0; k < K; ++k) {
+      for (std::size_t p = 1; p < Wn; ++p) at[p * K + k] = at[(p - 1) * K + k] + counts[(p - 1) * K + k] * bytes;
+    }
+    // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
+    auto send = std::make_unique<unsigned char[]>(block);
+    auto recv = std::make_unique<unsigned char[]>(Wn * block);
+    std::size_t pos = 0;
+    for (std::size_t k = 0; k < K; ++k) {
+      const std::size_t n = counts[static_cast<std::size_t>(w) * K + k] * bytes;
+      if (n != 0) std::memcpy(send.get() + pos, static_cast<unsigned char*>(j.leaves[k]) + at[static_cast<std::size_t>(w) * K + k], n);
+      pos += n;
+    }
+    log_post(post_allgather_bytes, block, 0, 0);
+    check(MPI_Iallgather(send.get(), static_cast<int>(block), MPI_BYTE, recv.get(), static_cast<int>(block), MPI_BYTE,
+                         data, &request),
+          "MPI_Iallgather (all-gather)", j.what);
+    try {
+      wait(request, j.what);
+    } catch (...) {
+      keep_until_exit(send);
+      keep_until_exit(recv);
+      throw;
+    }
+    for (std::size_t p = 0; p < Wn; ++p) {
+      if (p == static_cast<std::size_t>(w)) continue;
+      pos = p * block;
+      for (std::size_t k = 0; k < K; ++k) {
+        const std::size_t n = counts[p * K + k] * bytes;
+        if (n != 0) std::memcpy(static_cast<unsigned char*>(j.leaves[k]) + at[p * K + k], recv.get() + pos, n);
+        pos += n;
+      }
+    }
+  }
+
+  /// worker_group::all_gather_counts: one MPI_Iallgather of `count` words per worker.
+  void gather_counts(job& j) {
+    const std::size_t n = j.count, Wn = static_cast<std::size_t>(W);
+    // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
+    auto words = std::make_unique<std::int64_t[]>(std::max<std::size_t>(1, n + n * Wn));
+    const auto* mine = static_cast<const std::size_t*>(j.data);
+    for (std::size_t i = 0; i < n; ++i) words[i] = static_cast<std::int64_t>(mine[i]);
+    log_post(post_allgather_words, n, code_of(int64_kind), 0);
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Iallgather(words.get(), static_cast<int>(n), MPI_INT64_T, words.get() + n, static_cast<int>(n),
+                         MPI_INT64_T, data, &request),
+          "MPI_Iallgather (counts)", j.what);
+    wait_keeping(request, j.what, words);
+    auto* all = static_cast<std::size_t*>(j.out);
+    for (std::size_t i = 0; i < n * Wn; ++i) all[i] = static_cast<std::size_t>(words[n + i]);
+  }
+
   /// The agreement check: {key, -key} under MAX; on a mismatch every worker gathers every
   /// worker's description and throws the same shape_error.
   void agree(job& j) {
-    const bool bcast = j.kind == job::bcast;
-    // An op in worker order is another collective (an all-to-all and an all-gather): +100.
-    const std::uint64_t what_kind = bcast ? 1000 + static_cast<std::uint64_t>(j.root)
-                                          : static_cast<std::uint64_t>(j.op) + (j.in_worker_order ? 100 : 0);
-    const std::uint64_t element = bcast ? 0 : (static_cast<std::uint64_t>(j.element.cat) << 8 | j.element.bytes);
-    const std::int64_t key = agreement_key(j.count, element, what_kind);
+    // What the collective is, in one number: an op in worker order is another collective (an
+    // all-to-all and an all-gather): +100; a reduce-scatter +200; a broadcast 1000 + its root.
+    std::uint64_t what_kind = 0, element = static_cast<std::uint64_t>(j.element.cat) << 8 | j.element.bytes;
+    std::int64_t flag = 0;  // how the message describes it
+    switch (j.kind) {
+      case job::bcast: what_kind = 1000 + static_cast<std::uint64_t>(j.root), element = 0, flag = 1; break;
+      case job::scatter: what_kind = 200 + static_cast<std::uint64_t>(j.op) + (j.in_worker_order ? 100 : 0), flag = 2; break;
+      case job::gather: what_kind = 500, flag = 3; break;
+      case job::counts: what_kind = 600, element = 0, flag = 4; break;
+      default: what_kind = static_cast<std::uint64_t>(j.op) + (j.in_worker_order ? 100 : 0); break;
+    }
+    std::int64_t key = agreement_key(j.count, element, what_kind);
+    if (j.sizes != nullptr) {
+      // Each leaf's size (or each worker's count of each leaf) must agree too, not only the sum.
+      const std::size_t n = j.kind == job::gather ? j.num_sizes * static_cast<std::size_t>(W) : j.num_sizes;
+      key = agreement_key(static_cast<std::uint64_t>(key), detail::shape_hash(j.sizes, n), j.num_sizes);
+    }
     // On the heap, and kept if the check is given up on (keep_until_exit says why).
     auto both = std::make_unique<std::int64_t[]>(2);
     both[0] = key;
@@ -681,26 +886,36 @@ struct group::impl {
     mine[0] = static_cast<std::int64_t>(j.count);
     mine[1] = static_cast<std::int64_t>(element);
     mine[2] = static_cast<std::int64_t>(what_kind);
-    mine[3] = bcast ? 1 : 0;
-    log_post(post_allgather4, 4, code_of(int64_kind), 0);
+    mine[3] = flag | static_cast<std::int64_t>(j.num_sizes) << 8;
+    log_post(post_allgather_words, 4, code_of(int64_kind), 0);
     check(MPI_Iallgather(mine, 4, MPI_INT64_T, mine + 4, 4, MPI_INT64_T, data, &request),
           "MPI_Iallgather (agreement check)", j.what);
     wait_keeping(request, j.what, gathered);
     std::string text = "mirror: " + where + ": the workers disagree on a cross-worker collective:";
+    bool described_alike = true;
     for (int p = 0; p < W; ++p) {
       const std::int64_t* d = &all[4 * static_cast<std::size_t>(p)];
+      described_alike = described_alike && std::equal(d, d + 4, all);
       text += (p == 0 ? " " : "; ") + std::string("worker ") + std::to_string(p) + " (replicas " +
               std::to_string(p * R) + ".." + std::to_string(p * R + R - 1) + ") ";
-      if (d[3] != 0) {
-        text += "broadcasts " + std::to_string(d[0]) + " bytes from worker " + std::to_string(d[2] - 1000);
-      } else {
-        const detail::element_kind k{static_cast<detail::element_kind::category>(d[1] >> 8),
-                                     static_cast<std::uint8_t>(d[1] & 0xff)};
-        text += "reduces " + std::to_string(d[0]) + " " + kind_name(k) + " elements with " +
-                std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) +
-                (d[2] >= 100 ? " in worker order (MpiAllReduce{.deterministic = true})" : "");
+      const detail::element_kind k{static_cast<detail::element_kind::category>(d[1] >> 8),
+                                   static_cast<std::uint8_t>(d[1] & 0xff)};
+      const std::string leaves = " in " + std::to_string(d[3] >> 8) + " leaves";
+      const std::string order = (d[2] % 200) >= 100 ? " in worker order (MpiAllReduce{.deterministic = true})" : "";
+      switch (d[3] & 0xff) {
+        case 1: text += "broadcasts " + std::to_string(d[0]) + " bytes from worker " + std::to_string(d[2] - 1000); break;
+        case 2:
+          text += "reduce-scatters " + std::to_string(d[0]) + " " + kind_name(k) + " elements" + leaves + " with " +
+                  std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) + order;
+          break;
+        case 3: text += "all-gathers " + std::to_string(d[0]) + " bytes of " + kind_name(k) + " elements" + leaves; break;
+        case 4: text += "all-gathers " + std::to_string(d[0]) + " counts per worker"; break;
+        default:
+          text += "reduces " + std::to_string(d[0]) + " " + kind_name(k) + " elements with " +
+                  std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) + order;
       }
     }
+    if (described_alike) text += "; the sizes of individual leaves differ between the workers";
     text += "; every replica of every worker must make the same collective calls with leaves of the same sizes";
     auto e = std::make_exception_ptr(shape_error(text));
     {
@@ -995,11 +1210,31 @@ struct group::impl {
         check(MPI_Ibcast(d.buffer.get(), static_cast<int>(n), MPI_BYTE, static_cast<int>(o.op), data, &d.request),
               "MPI_Ibcast", what);
         return;
-      case post_allgather4:
-        d.buffer = std::make_unique<unsigned char[]>((4 + 4 * static_cast<std::size_t>(W)) * sizeof(std::int64_t));
-        check(MPI_Iallgather(d.buffer.get(), 4, MPI_INT64_T, d.buffer.get() + 4 * sizeof(std::int64_t), 4,
-                             MPI_INT64_T, data, &d.request),
+      case post_allgather_words:
+        d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, (n + n * static_cast<std::size_t>(W)) *
+                                                                                  sizeof(std::int64_t)));
+        check(MPI_Iallgather(d.buffer.get(), static_cast<int>(n), MPI_INT64_T, d.buffer.get() + n * sizeof(std::int64_t),
+                             static_cast<int>(n), MPI_INT64_T, data, &d.request),
               "MPI_Iallgather", what);
+        return;
+      case post_alltoall:
+        d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, static_cast<std::size_t>(W) * n * k.bytes));
+        d.rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, static_cast<std::size_t>(W) * n * k.bytes));
+        check(MPI_Ialltoall(d.buffer.get(), static_cast<int>(n), datatype_of(k), d.rows.get(), static_cast<int>(n),
+                            datatype_of(k), data, &d.request),
+              "MPI_Ialltoall", what);
+        return;
+      case post_allgather_bytes:
+        d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, static_cast<std::size_t>(W + 1) * n));
+        if (o.op == 1) {
+          check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, d.buffer.get(), static_cast<int>(n), MPI_BYTE, data,
+                               &d.request),
+                "MPI_Iallgather", what);
+        } else {
+          check(MPI_Iallgather(d.buffer.get(), static_cast<int>(n), MPI_BYTE, d.buffer.get() + n, static_cast<int>(n),
+                               MPI_BYTE, data, &d.request),
+                "MPI_Iallgather", what);
+        }
         return;
       case post_alltoallv:
       case post_allgatherv: {
@@ -1426,6 +1661,48 @@ void group::broadcast(void* data, std::size_t bytes, int root, const char* what)
                                 " bytes in one cross-worker broadcast exceed MPI's int count; split the leaf");
   }
   impl::job j{impl::job::bcast, data, bytes, {}, ReduceOp::sum, root, what, false, nullptr};
+  j.position = detail::current_position;
+  j.phase = impl_->phase.load(std::memory_order_relaxed);
+  impl_->run(j);
+}
+
+void group::reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,
+                           detail::element_kind kind, ReduceOp op, const char* what) {
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < num_leaves; ++k) total += leaf_sizes[k];
+  if (total > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(total) +
+                                " elements in one cross-worker reduce-scatter exceed MPI's int count; split the leaf");
+  }
+  impl::job j{impl::job::scatter, const_cast<void*>(in), total, kind, op, 0, what, false, nullptr};
+  j.in_worker_order = impl_->in_worker_order(kind);
+  j.sizes = leaf_sizes;
+  j.num_sizes = num_leaves;
+  j.out = out;
+  j.position = detail::current_position;
+  j.phase = impl_->phase.load(std::memory_order_relaxed);
+  impl_->run(j);
+}
+
+void group::all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts,
+                       std::size_t element_bytes, const char* what, bool checked) {
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < num_leaves * static_cast<std::size_t>(impl_->W); ++i) total += counts[i];
+  const detail::element_kind kind{detail::element_kind::category::unsigned_integer,
+                                  static_cast<std::uint8_t>(element_bytes)};
+  impl::job j{impl::job::gather, nullptr, total * element_bytes, kind, ReduceOp::sum, 0, what, checked, nullptr};
+  j.sizes = counts;
+  j.num_sizes = num_leaves;
+  j.leaves = leaves;
+  j.position = detail::current_position;
+  j.phase = impl_->phase.load(std::memory_order_relaxed);
+  impl_->run(j);
+}
+
+void group::all_gather_counts(const std::size_t* mine, std::size_t per_worker, std::size_t* all, const char* what) {
+  impl::job j{impl::job::counts, const_cast<std::size_t*>(mine), per_worker, int64_kind, ReduceOp::sum, 0, what, false,
+              nullptr};
+  j.out = all;
   j.position = detail::current_position;
   j.phase = impl_->phase.load(std::memory_order_relaxed);
   impl_->run(j);

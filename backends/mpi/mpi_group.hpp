@@ -59,6 +59,11 @@ class group final : public detail::worker_group {
   void all_reduce(void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
                   bool checked) override;
   void broadcast(void* data, std::size_t bytes, int root, const char* what) override;
+  void reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,
+                      detail::element_kind kind, ReduceOp op, const char* what) override;
+  void all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts, std::size_t element_bytes,
+                  const char* what, bool checked) override;
+  void all_gather_counts(const std::size_t* mine, std::size_t per_worker, std::size_t* all, const char* what) override;
   void next_phase() noexcept override;
   void report_failure(int global_replica, const std::exception_ptr& failure) noexcept override;
   ///@}

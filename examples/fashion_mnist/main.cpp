@@ -582,7 +582,7 @@ int main(int argc, char** argv) {
     if (o.device == "cluster") {
 #if FASHION_MNIST_CLUSTER
       using Cluster = mirror::devices::Cluster<Threads>;
-      accuracy = train_and_test<Cluster, mirror::default_ops_t<Cluster>, false>(o, train, test, Cluster{.local = threads});
+      accuracy = train_with_optimizer<Cluster, mirror::default_ops_t<Cluster>>(o, train, test, Cluster{.local = threads});
 #endif
     } else if (o.device == "cuda") {
 #if FASHION_MNIST_GPU

@@ -223,11 +223,9 @@ class Workspace {
   Params grads_ = zero_params();
 };
 
-/// SGD with momentum (PyTorch's form): v = momentum * v + g; p -= lr * v. Memory-bound (five
-/// streams of 235k floats): Eigen's explicit SIMD, in chunks that stay in L1 between the two
-/// statements, so every element is loaded once.
-/// One momentum SGD step on matching parts of a parameter, its velocity and its gradient:
-/// `v = momentum * v + g; p -= lr * v` (plain SGD when momentum is 0: v is not read). The
+/// One momentum SGD step (PyTorch's form) on matching parts of a parameter, its velocity and its
+/// gradient: `v = momentum * v + g; p -= lr * v` (plain SGD when momentum is 0: v is not read).
+/// Memory-bound (five streams): one pass, every element loaded once, vectorised by GCC. The
 /// replicated optimiser calls it on whole leaves, the sharded one on each replica's cut.
 inline void momentum_step(std::span<float> p, std::span<float> v, std::span<const float> grad, float lr,
                           float momentum) noexcept {

@@ -97,6 +97,45 @@ int main() {
     // [/axis0]
     check(mean_loss == (3 * 1.0f + 3 * 2.0f + 2 * 3.0f + 2 * 4.0f) / 10.0f, "axis0 mean");
   }
+  {
+    // [all_gather]
+    // Replica r holds r + 1 rows; every replica gets all 10, in replica order.
+    auto everyone = strategy.run([](auto& ctx) {
+      const int r = ctx.replica_id_in_sync_group();
+      std::vector<int> mine(static_cast<std::size_t>(r + 1), r);
+      return ctx.all_gather(mine, mirror::axis0);     // Synced<std::vector<int>>: 0 1 1 2 2 2 3 3 3 3
+    });
+    auto ids = strategy.run([](auto& ctx) {
+      return ctx.all_gather(ctx.replica_id_in_sync_group(), mirror::axis0);  // a scalar: 0 1 2 3
+    });
+    // Outside run: the components of a PerReplica, concatenated.
+    mirror::PerReplica<std::vector<int>> rows =
+        strategy.distribute_values_from_function([](const mirror::ValueContext& c) {
+          return std::vector<int>(2, 10 * c.replica_id_in_sync_group);
+        });
+    std::vector<int> table = strategy.gather(rows, mirror::axis0);            // 0 0 10 10 20 20 30 30
+    // [/all_gather]
+    check(everyone.primary() == std::vector<int>({0, 1, 1, 2, 2, 2, 3, 3, 3, 3}) && everyone[3] == everyone[0],
+          "all_gather");
+    check(ids[2] == std::vector<int>({0, 1, 2, 3}), "all_gather of scalars");
+    check(table == std::vector<int>({0, 0, 10, 10, 20, 20, 30, 30}), "gather");
+  }
+  {
+    // [reduce_scatter]
+    // 10 elements over 4 replicas: cuts of 3, 3, 2 and 2. Replica r gets the sum of cut r, in
+    // place in its own buffer; the rest of the buffer is left as it was.
+    std::vector<std::vector<float>> grads(4, std::vector<float>(10, 1.0f));
+    auto cuts = strategy.run([&grads](auto& ctx) {
+      std::vector<float>& mine = grads[static_cast<std::size_t>(ctx.replica_id_in_sync_group())];
+      std::span<float> cut = ctx.reduce_scatter(mirror::ReduceOp::sum, std::span<float>(mine));
+      return cut.size();                              // 3, 3, 2, 2; every element of the cut: 4
+    });
+    // [/reduce_scatter]
+    check(cuts[0] == 3 && cuts[3] == 2, "reduce_scatter cut sizes");
+    check(grads[1][3] == 4.0f && grads[1][5] == 4.0f && grads[1][6] == 1.0f && grads[3][9] == 4.0f &&
+              grads[3][0] == 1.0f,
+          "reduce_scatter in place");
+  }
   std::printf("run_and_reduce: %s\n", failures == 0 ? "every value as documented" : "WRONG VALUES");
   return failures == 0 ? 0 : 1;
 }

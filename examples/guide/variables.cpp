@@ -5,7 +5,9 @@
 #include <boost/hana/define_struct.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 // [model]
@@ -54,6 +56,25 @@ int main() {
   }, params);
   // [/update]
   check(params[0].w == params[1].w && params[0].w[2] == 0.125f, "update");
+
+  // [sharded]
+  // The same step, sharded (ZeRO stage 1): each replica keeps 1/N of the momentum, steps only
+  // its cut of the parameters, and the cuts are all-gathered into every copy.
+  auto velocity = strategy.distribute_values_from_function([](const mirror::ValueContext& c) {
+    return mirror::cut_for_replica(Params{std::vector<float>(3), {0.0f}}, c);   // w: 2 or 1, b: 1 or 0
+  });
+  strategy.run([](auto&, auto& p, Params& v) {
+    std::vector<float> gw(3, 1.0f), gb{2.0f};            // this replica's gradient
+    p.update_sharded([](std::span<float> param, std::span<const float> grad, std::span<float> vel) {
+      for (std::size_t i = 0; i < param.size(); ++i) {
+        vel[i] = 0.9f * vel[i] + grad[i];
+        param[i] -= 0.25f * vel[i];
+      }
+    }, mirror::ReduceOp::mean, std::tuple{std::span<float>(gw), std::span<float>(gb)}, v);
+  }, params, velocity);
+  // [/sharded]
+  check(params[0].w == params[1].w && params[1].w[2] == -0.125f && params[0].b[0] == -2.0f, "update_sharded");
+  check(velocity[0].w.size() == 2 && velocity[1].w.size() == 1 && velocity[1].b.empty(), "cut_for_replica");
 
   const std::string path = (std::filesystem::temp_directory_path() / "mirror_guide_variables.ckpt").string();
   // [checkpoint]

@@ -4,7 +4,8 @@
 /// The `mirror::cross_device_ops<Ops, Device>` concept: a cross-replica reduction algorithm.
 ///
 /// **What it models.** A policy (a small aggregate, `operator==` defaulted) that all-reduces the
-/// leaves of one element type of a nest, called concurrently by every replica of a `run`.
+/// leaves of one element type of a nest, called concurrently by every replica of a `run`; and,
+/// for the collectives beyond all-reduce, reduce-scatters and all-gathers them.
 ///
 /// **Minimal complete definition** (runtime type `Rt` of the device, element type `E`):
 /// - `void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const`:
@@ -13,6 +14,22 @@
 ///   and it must not return before other replicas are done with its buffers.
 /// - optionally `void validate(const Rt&) const`, called by `Strategy`'s constructor, throwing
 ///   `std::invalid_argument` for a setting the device cannot honour.
+///
+/// **For `ctx.reduce_scatter` and `ctx.all_gather`** (architecture.md 2.9; a strategy whose
+/// policy lacks them compiles until it calls them, then a static_assert names the member):
+/// - `void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
+///   const detail::segment_list<Rt, E>& out) const`: `in` is this replica's leaves (the same
+///   lengths on every replica); `out.leaves[k]` (`detail::cut_of(in.sizes[k], N, g)` elements, g
+///   the global replica id, N all replicas) receives the `op`-reduction of cut g of leaf k, with
+///   the bits the policy's `all_reduce` gives those elements. `out` may be this replica's own
+///   cut of `in` (in place). First synchronisation `c.exchange(...)`, as for `all_reduce`.
+/// - `void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
+///   std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const`:
+///   `counts[g * K + k]` is replica g's length of leaf k (K leaves; the same on every replica);
+///   `out.leaves[k]` receives every replica's leaf k in replica order. `in` may be this replica's
+///   own part of `out` (in place).
+/// `detail::generic_reduce_scatter` and `detail::generic_all_gather`
+/// (mirror/detail/gather_scatter.hpp) implement both with the device primitives alone.
 ///
 /// **Laws.** The all-reduce of identical values v is v for min and max, N·v for sum (in exact
 /// arithmetic), v for mean; the result is the same on every replica, and the same bits on every

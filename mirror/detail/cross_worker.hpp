@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Nest-level cross-worker collectives on top of worker_group (reduce a nest's leaves, broadcast
-// a nest whose resizable leaves take the root's sizes), and the compile-time test for a runtime
-// that spans processes. Only multi-worker strategies instantiate these.
+// a nest whose resizable leaves take the root's sizes, gather a nest's leaves in worker order),
+// and the compile-time test for a runtime that spans processes. Only multi-worker strategies
+// instantiate these.
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <string>
+#include <vector>
 #include <type_traits>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/leaf_math.hpp>
@@ -94,6 +98,113 @@ void broadcast_nest(worker_group& g, T& nest, int root, const char* what) {
         using L = std::remove_cvref_t<decltype(l)>;
         const auto e = leaf_traits<L>::elements(l);
         g.broadcast(e.data(), e.size_bytes(), root, what);
+      },
+      nest);
+}
+
+/// ReplicaContext::all_gather on a multi-worker strategy: this worker's per-replica leaf counts
+/// (`local[l*K + k]`, local replica l, R*K of them) become the global ones on every worker
+/// (`global[g*K + k]`, g = w*R + l, W*R*K of them): worker w's block is contiguous in global
+/// replica order, so one all-gather of R*K words per worker lays them out. Called by one thread
+/// per worker (local replica 0); a different R*K on some worker is a shape_error on every worker.
+inline void all_gather_counts_across_workers(worker_group& g, std::span<const std::size_t> local,
+                                             std::span<std::size_t> global, const char* what) {
+  g.all_gather_counts(local.data(), local.size(), global.data(), what);
+}
+
+/// Strategy::gather on a multi-worker strategy. `nest` holds this worker's part, its local
+/// replicas' components concatenated along the first dimension in local replica order; on
+/// return every leaf holds the concatenation over the workers in worker order (global replica
+/// order), on every worker. Leaves must be resizable (std::vector, matrix); a matrix keeps the
+/// column count of the workers that have rows, and those must agree (shape_error on every
+/// worker, naming their replicas, otherwise). `local_problem`, when not empty, is why this
+/// worker's own components cannot be concatenated (their widths differ): every worker then
+/// throws a shape_error, this one with that text. Collective: one all-gather of the leaf sizes,
+/// then one per non-empty leaf.
+template <class T>
+void gather_nest_across_workers(worker_group& g, T& nest, const std::string& local_problem, const char* what) {
+  static_assert(!has_device_leaf<T>(),
+                "mirror: Strategy::gather across workers got device-resident leaves (GPU memory), which never go to "
+                "MPI; gather host leaves (std::vector)");
+  constexpr std::size_t K = leaf_count<T>();
+  const auto W = static_cast<std::size_t>(g.num_workers());
+  const int R = g.local_replicas();
+  // Per leaf: its elements and its row width (a matrix's columns; 1 for anything else); then
+  // whether this worker's components disagree.
+  std::array<std::size_t, 2 * K + 1> mine{};
+  mine[2 * K] = local_problem.empty() ? 0 : 1;
+  std::size_t k = 0;
+  for_each_leaf(
+      [&](auto& l) {
+        using L = std::remove_cvref_t<decltype(l)>;
+        static_assert(leaf_traits<L>::resizable,
+                      "mirror::Strategy::gather: across workers every leaf of the gathered value must be resizable "
+                      "(std::vector, mirror::matrix)");
+        mine[2 * k] = leaf_traits<L>::elements(l).size();
+        if constexpr (requires { l.cols; }) {
+          mine[2 * k + 1] = l.cols;
+        } else {
+          mine[2 * k + 1] = 1;
+        }
+        ++k;
+      },
+      nest);
+  constexpr std::size_t words = 2 * K + 1;
+  std::vector<std::size_t> table(words * W);
+  g.all_gather_counts(mine.data(), words, table.data(), what);
+  const auto replicas = [&](std::size_t w) {
+    return std::to_string(w * static_cast<std::size_t>(R)) + ".." +
+           std::to_string((w + 1) * static_cast<std::size_t>(R) - 1);
+  };
+  if (!local_problem.empty()) throw shape_error(local_problem);
+  for (std::size_t p = 0; p < W; ++p) {
+    if (table[p * words + 2 * K] != 0) {
+      throw shape_error(std::string(what) + ": the components on worker " + std::to_string(p) + " (replicas " +
+                        replicas(p) + ") have rows of different widths (that worker's shape_error names them); "
+                        "gathered leaves may differ in their first dimension only");
+    }
+  }
+  // Leaf k of worker p: its elements, its width.
+  const auto all = [&](std::size_t p, std::size_t word) { return table[p * words + word]; };
+  // Workers with rows must agree on the row width: every worker reads the same table, so all
+  // throw together (or none does). A worker without rows takes theirs.
+  std::array<std::size_t, K> width{};
+  for (k = 0; k < K; ++k) {
+    std::size_t first = W;
+    for (std::size_t p = 0; p < W; ++p) {
+      if (all(p, 2 * k) == 0) continue;
+      if (first == W) {
+        first = p;
+      } else if (all(p, 2 * k + 1) != all(first, 2 * k + 1)) {
+        throw shape_error(std::string(what) + ": leaf " + std::to_string(k) + " has rows of " +
+                          std::to_string(all(p, 2 * k + 1)) + " elements on worker " + std::to_string(p) +
+                          " (replicas " + replicas(p) + ") but of " + std::to_string(all(first, 2 * k + 1)) +
+                          " on worker " + std::to_string(first) + " (replicas " + replicas(first) +
+                          "); gathered leaves may differ in their first dimension only");
+      }
+    }
+    width[k] = first == W ? mine[2 * k + 1] : all(first, 2 * k + 1);
+  }
+  k = 0;
+  for_each_leaf(
+      [&](auto& l) {
+        using L = std::remove_cvref_t<decltype(l)>;
+        using E = leaf_element_t<L>;
+        std::vector<std::size_t> counts(W);
+        std::size_t total = 0, at = 0;
+        for (std::size_t p = 0; p < W; ++p) {
+          counts[p] = all(p, 2 * k);
+          if (p < static_cast<std::size_t>(g.worker_index())) at += counts[p];
+          total += counts[p];
+        }
+        const std::size_t own = mine[2 * k];
+        leaf_traits<L>::resize(l, total);
+        const auto e = leaf_traits<L>::elements(l);
+        if (own != 0 && at != 0) std::memmove(e.data() + at, e.data(), own * sizeof(E));  // own block to its place
+        if constexpr (requires { l.cols; }) l.cols = width[k];
+        void* leaf = e.data();
+        if (total != 0) g.all_gather(&leaf, 1, counts.data(), sizeof(E), what, true);
+        ++k;
       },
       nest);
 }

@@ -76,6 +76,29 @@ class worker_group {
   /// `bytes` bytes from worker `root` to every worker (same `bytes` everywhere).
   virtual void broadcast(void* data, std::size_t bytes, int root, const char* what) = 0;
 
+  /// The cross-worker step of a reduce-scatter. `in` holds this worker's contribution: its
+  /// `num_leaves` leaves of `leaf_sizes[k]` elements, concatenated (read only). On return `out`
+  /// holds, for each leaf k in turn, the reduction over workers with `op` (as for all_reduce:
+  /// never `mean`) of this worker's range of leaf k: the cuts of global replicas w*R .. w*R+R-1
+  /// under detail::replica_rows(leaf_sizes[k], W*R, g). `out` may overlap `in`. Every element
+  /// has the bits the group's all_reduce of the whole of `in` would give it.
+  virtual void reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,
+                              element_kind kind, ReduceOp op, const char* what) = 0;
+
+  /// The cross-worker step of an all-gather: `leaves[k]` is the concatenation over workers p of
+  /// p's block of `counts[p * num_leaves + k]` elements of `element_bytes` bytes each; this
+  /// worker's own block is filled in, and every other worker's is copied in. `counts` (W *
+  /// num_leaves) is equal on every worker. `checked`: the counts come from all_gather_counts
+  /// (which checked that the workers agree), so no agreement check of its own.
+  virtual void all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts,
+                          std::size_t element_bytes, const char* what, bool checked) = 0;
+
+  /// `all[p * per_worker + i]` becomes worker p's `mine[i]`, on every worker (`per_worker` must
+  /// be equal everywhere: a `shape_error` naming the workers otherwise). The per-replica leaf
+  /// counts an all-gather needs (ReplicaContext::all_gather, Strategy::gather).
+  virtual void all_gather_counts(const std::size_t* mine, std::size_t per_worker, std::size_t* all,
+                                 const char* what) = 0;
+
   /// Called by `Strategy::run` as each run starts and as it ends, on every worker alike: a failure
   /// belongs to the run it ended, and the collectives after that run (the next run's, a
   /// `reduce`'s) are told from the failed run's, which are never posted once it failed.

@@ -8,7 +8,8 @@
    names the missing file and the package to install.
 2. When DATA_DIR lacks the data set, the test is SKIPPED (exit 77) with a loud message.
 3. Otherwise a short run (1 epoch on 6000 training images, 2 replicas, the full test set) must
-   exit 0 with the last line exactly "test_accuracy=0.xxxx", above chance.
+   exit 0 with the last line exactly "test_accuracy=0.xxxx", above chance; --optimizer
+   replicated must reach the default sharded optimiser's accuracy within 0.01.
 4. --device auto (with a policy every device accepts) learns exactly what step 3 learned on
    threads where there is no GPU; where there is one it trains the GPU model (cuBLAS: other
    roundings), whose test accuracy must be within 0.02 of step 3's. --device cuda trains where
@@ -67,6 +68,19 @@ def main(binary, data_dir):
     if accuracy < 0.70:  # chance is 0.10; one epoch on 6000 images gives about 0.78
         fail(f'test accuracy {accuracy} after one short epoch: the model does not learn')
     print(f'ok: test accuracy {accuracy}')
+
+    # 3b. The replicated optimiser learns the same model as the default sharded one, up to
+    # rounding (the same step on cuts instead of whole leaves); an unknown one is a usage error.
+    if '(sharded)' not in lines[0]:
+        fail(f'the first line does not name the sharded optimiser as the default: {lines[0]!r}')
+    replicated = train(cmd + ['--optimizer', 'replicated'])
+    m = re.fullmatch(r'test_accuracy=(\d\.\d{4})', replicated[-1])
+    if not m or abs(float(m.group(1)) - accuracy) > 0.01:
+        fail(f'--optimizer replicated: {replicated[-1]!r}, against {accuracy} with the sharded optimiser')
+    r = subprocess.run(cmd + ['--optimizer', 'adam'], capture_output=True, text=True, timeout=60)
+    if r.returncode != 2 or "unknown --optimizer 'adam'" not in r.stderr:
+        fail(f'--optimizer adam: exit {r.returncode}, stderr {r.stderr!r}')
+    print(f'ok: --optimizer replicated: {m.group(1)}')
 
     # 4. Device selection.
     auto = train(cmd + ['--device', 'auto', '--policy', 'reduction_to_one_device'])
