@@ -498,6 +498,17 @@ void reduce_scatter(comms& c, int rank, void* stream, ReduceOp op, cuda::element
   const int N = c.nranks;
   const int g = c.first_rank + rank;
   const std::size_t es = element_bytes(type), n_ranks = static_cast<std::size_t>(N);
+  if (N == 1) {
+    // One replica has nothing to reduce: its cut is the whole leaf (a mean of one value is that
+    // value). NCCL is not called: on one rank, ncclReduceScatter with ncclAvg returned wrong
+    // values for leaves of 64 Ki floats and more (NCCL 2.28.9, H100), where ncclAllReduce did not.
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      if (sizes[k] == 0 || in[k] == out[k]) continue;
+      check_cuda(cudaMemcpyAsync(out[k], in[k], sizes[k] * es, cudaMemcpyDeviceToDevice, s),
+                 "cudaMemcpyAsync (reduce_scatter on one replica)");
+    }
+    return;
+  }
   // Where each leaf is reduced: in place in the leaf when its length is a multiple of N (NCCL's
   // equal blocks are then exactly the cuts), else in a padded block of the scratch (offset per
   // leaf; none for the others).
