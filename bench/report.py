@@ -357,7 +357,7 @@ def main():
             d_bw, b_bw = gs_bw(verb, 'default', R, b), gs_bw(verb, bound, R, b)
             of = ratio(d_bw, b_bw)
             w(f'| {verb} | {R} | {fmt_bytes(b)} | ' + ' | '.join(cells) +
-              f' | {fmt_bw(d_bw) if d_bw else ""} | {fmt_bw(b_bw) if b_bw else ""} | '
+              f' | {fmt_bw(d_bw) if d_bw and b >= 4096 else ""} | {fmt_bw(b_bw) if b_bw else ""} | '
               f'{"" if of is None else f"{100 * of:.0f} %"} | {sp(verb, "default", R, b)} |')
         w('')
     w('Plots: [all_reduce bandwidth vs message size](all_reduce_bandwidth.png), '
