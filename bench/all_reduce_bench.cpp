@@ -116,19 +116,7 @@ void copy_kernel(benchmark::State& state, int replicas, std::size_t bytes) {
 void in_place_bound(benchmark::State& state, int replicas, std::size_t bytes) {
   const std::size_t n = std::max<std::size_t>(16, bytes / sizeof(float));
   bench::buffers<float> buf(replicas, n);
-  typedef float group __attribute__((vector_size(16)));  // 4 floats; chunks are whole lines
-  bench::team_loop(state, replicas, [&](int r) {
-    const auto [lo, hi] = bench::chunk<float>(n, r, replicas);
-    for (int q = 0; q < replicas; ++q) {
-      float* const p = buf[q];  // (a local: the stores could alias buf's own pointers)
-      for (std::size_t i = lo; i + 4 <= hi; i += 4) {
-        group v;
-        std::memcpy(&v, p + i, sizeof v);
-        v += 1.0f;  // (not an identity GCC may fold away: the loads and stores stay)
-        std::memcpy(p + i, &v, sizeof v);
-      }
-    }
-  });
+  bench::team_loop(state, replicas, [&](int r) { bench::in_place_step(buf, r); });
   data_counter(state, replicas, n * sizeof(float));
 }
 

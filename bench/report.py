@@ -64,6 +64,20 @@ def load_handoffs(raw):
     return rounds
 
 
+# The bytes one step of bench/gather_scatter_bench moves, as its file comment counts them (R
+# replicas, S bytes per replica's input): reduce_scatter reads every buffer once and writes each
+# cut once; the in-place bound reads and writes every buffer once; all_gather, its hand-written
+# baseline and the copy bound read and write R*S bytes per replica.
+def gs_moved(verb, impl, R, S):
+    if verb == 'all_gather':
+        return 2 * R * R * S
+    return 2 * R * S if impl == 'in_place' else (R + 1) * S
+
+
+GS_MOVED_TEXT = {'reduce_scatter': '(R+1)·S bytes', 'in_place': '2·R·S', 'all_gather': '2·R²·S bytes',
+                 'copy': '2·R²·S'}
+
+
 def med(xs):
     return statistics.median(xs) if xs else None
 
@@ -121,6 +135,11 @@ def main():
 
     def ratio(num, den):
         return None if num is None or den is None or den == 0 else num / den
+
+    def gs_bw(verb, impl, replicas, nbytes):
+        """Bytes moved per second (gs_moved) of a gather_scatter_bench figure."""
+        x = t(verb, impl, replicas, nbytes)
+        return None if x is None else gs_moved(verb, impl, replicas, nbytes) / x
 
     ctx = contexts.get('all_reduce', {})
     lines = []
@@ -208,6 +227,19 @@ def main():
             r = ratio(t('all_reduce', pol, R, b), t('all_reduce', 'default', R, b))
             target(f'{label}, {R} x {fmt_bytes(b)}: time relative to the default', fmt_ratio(r), '<= 2x',
                    None if r is None else r <= 2)
+    # Issue 31: reduce_scatter and all_gather against their bounds in bytes per second, each
+    # counting the bytes it moves (gs_moved); and against the hand-written baselines in time.
+    for verb, bound, label in (('reduce_scatter', 'in_place', 'the in-place bound'),
+                               ('all_gather', 'copy', 'the copy bound')):
+        r = ratio(gs_bw(verb, 'default', 2, big), gs_bw(verb, bound, 2, big))
+        target(f'{verb} 2 x 64 MiB float: bytes per second against {label}\'s ({GS_MOVED_TEXT[verb]}; '
+               f'{GS_MOVED_TEXT[bound]} for the bound)', 'n/a' if r is None else f'{100 * r:.0f} %', '>= 90 %',
+               None if r is None else r >= 0.9)
+    for verb, hand in (('reduce_scatter', 'hand_blocked'), ('all_gather', 'hand_memcpy')):
+        for R, b in ((2, big), (8, 16 * MiB)):
+            r = ratio(t(verb, hand, R, b), t(verb, 'default', R, b))
+            rows.append((f'{verb} {R} x {fmt_bytes(b)} float vs {hand} (std::thread, time ratio)', fmt_ratio(r),
+                         'none set', ''))
     cm, cs = med(ctimes['mirror']), med(ctimes['std_thread'])
     r = ratio(cm, cs)
     target(f'compile time, run/reduce/all_reduce on a 3-level nest: mirror header-only {fmt_time(cm)} vs '
@@ -219,7 +251,7 @@ def main():
         target(f'the same with MIRROR_SEPARATE_COMPILATION: {fmt_time(cp)} vs std::thread {fmt_time(cs)} '
                f'(libmirror_threads, compiled once per build of mirror: {fmt_time(cl)})', fmt_ratio(r), '<= 2x',
                None if r is None else r <= 2)
-    w('### Targets (issues 4 and 32)')
+    w('### Targets (issues 4, 31 and 32)')
     w('')
     w('| measure | figure | target | met |')
     w('|---|---|---|---|')
@@ -294,6 +326,40 @@ def main():
             m, x = t(verb, 'default', R, b, typ), t(verb, base_impl, R, b, typ)
             w(f'| {typ} | {R} | {fmt_bytes(b)} | {fmt_time(m)} | {fmt_time(x)} | {fmt_ratio(ratio(x, m))} |')
         w('')
+    # ---- reduce_scatter / all_gather ----
+    gs_keys = sorted({(k[0], k[3], k[4]) for k in times if k[0] in ('reduce_scatter', 'all_gather')},
+                     key=lambda k: (k[0] != 'reduce_scatter', k[1], k[2]))
+    if gs_keys:
+        w('### reduce_scatter and all_gather (`std::span<float>` leaf, inside a running fn)')
+        w('')
+        w('reduce_scatter: the sum, in place into each replica\'s cut; hand-written: hand_blocked; bound: in_place '
+          '(moves 2·R·S bytes against reduce_scatter\'s (R+1)·S). all_gather: the span form; hand-written: '
+          'hand_memcpy; bound: copy (the same 2·R²·S bytes, no input shared between threads). Time per call; in '
+          'brackets the other\'s time over the default\'s (above 1: the default is faster); GB/s: bytes moved '
+          'per second; "of bound": the default\'s GB/s over the bound\'s.')
+        w('')
+        gs_impls = ['default', 'one_device', 'hierarchical']
+        w('| verb | replicas | bytes | ' + ' | '.join(gs_impls) + ' | hand-written | bound | default GB/s | '
+          'bound GB/s | of bound | spread (default) |')
+        w('|---|---|---|' + '---|' * len(gs_impls) + '---|---|---|---|---|---|')
+        for verb, R, b in gs_keys:
+            hand, bound = ('hand_blocked', 'in_place') if verb == 'reduce_scatter' else ('hand_memcpy', 'copy')
+            base = t(verb, 'default', R, b)
+            cells = []
+            for impl in gs_impls + [hand, bound]:
+                x = t(verb, impl, R, b)
+                if x is None:
+                    cells.append('')
+                elif impl == 'default':
+                    cells.append(fmt_time(x))
+                else:
+                    cells.append(f'{fmt_time(x)} ({fmt_ratio(ratio(x, base))})')
+            d_bw, b_bw = gs_bw(verb, 'default', R, b), gs_bw(verb, bound, R, b)
+            of = ratio(d_bw, b_bw)
+            w(f'| {verb} | {R} | {fmt_bytes(b)} | ' + ' | '.join(cells) +
+              f' | {fmt_bw(d_bw) if d_bw and b >= 4096 else ""} | {fmt_bw(b_bw) if b_bw else ""} | '
+              f'{"" if of is None else f"{100 * of:.0f} %"} | {sp(verb, "default", R, b)} |')
+        w('')
     w('Plots: [all_reduce bandwidth vs message size](all_reduce_bandwidth.png), '
       '[run latency vs replicas](run_latency.png).')
     os.makedirs(a.out, exist_ok=True)
@@ -321,6 +387,10 @@ def main():
             with open(os.path.join(dat, f'lat_{impl}.dat'), 'w') as f:
                 f.writelines(f'{R} {s * 1e6}\n' for R, s in pts)
             lat.append(f'"{dat}/lat_{impl}.dat" using 1:2 with linespoints title "{impl}"')
+    if not series or not lat:  # a partial raw folder (one program run by hand)
+        print('report.py: no all_reduce or run figures: no plots')
+        shutil.rmtree(dat)
+        return
     script = f'''set terminal pngcairo size 900,560 noenhanced
 set output "{a.out}/all_reduce_bandwidth.png"
 set title "all_reduce, 2 replicas, float: algbw (bytes per replica / time)"

@@ -45,7 +45,7 @@ else
   meson setup "$build" -Dbenchmarks=true -Dtests=disabled -Dexamples=false >/dev/null
 fi
 targets=(bench/all_reduce_bench bench/reduce_bench bench/broadcast_bench bench/run_bench bench/distribute_dataset_bench
-  bench/handoff_bench)
+  bench/gather_scatter_bench bench/handoff_bench)
 have_mpi=0
 if meson introspect --targets "$build" | grep -q '"name": "mpi_all_reduce"' && command -v mpirun >/dev/null; then
   have_mpi=1
@@ -68,7 +68,7 @@ for ((round = 1; round <= rounds; ++round)); do
   # The host's cross-core latency this round (a VM's vCPUs may sit near or far apart).
   "$build/bench/handoff_bench" --benchmark_filter=spin_two_cores --benchmark_repetitions="$reps" \
     --benchmark_min_time="$min_time" --benchmark_out="$raw/handoff_$round.json" --benchmark_out_format=json >/dev/null
-  for verb in all_reduce reduce broadcast run distribute_dataset; do
+  for verb in all_reduce reduce broadcast run distribute_dataset gather_scatter; do
     log "round $round/$rounds: $verb"
     "$build/bench/${verb}_bench" --benchmark_repetitions="$reps" --benchmark_enable_random_interleaving=true \
       --benchmark_min_time="$min_time" --benchmark_out="$raw/${verb}_$round.json" --benchmark_out_format=json \

@@ -250,6 +250,35 @@ void sum_pair_in_place(void* a, void* b, std::size_t n) noexcept {
   (void)a, (void)b, (void)n;
 }
 
+/// out[i] = a[i] + b[i] for i < n, a as the left operand (the bits of a serial loop's sum of a,
+/// then b). out may be a or b itself (every group is loaded from both before it is stored) but
+/// overlaps them in no other way. Any n: whole 16-byte groups in vectors (for E with
+/// has_sum_many), the rest one by one.
+///
+/// Why: reduce_scatter's sum of two replicas (ops::ChunkOwnerAllReduce) folded each 8 KiB block
+/// into an accumulator, reading one buffer's block, then the other's; this reads both side by
+/// side in one pass. One core, a 32 MiB cut of two 64 MiB buffers from DRAM: 4.3 ms against the
+/// block fold's 10.2 ms (best of 15; with vector loops for the block's copies instead of memcpy,
+/// 11.5 ms: the streams, not the copies, cost the time).
+template <class E>
+void sum_pair_into(E* out, const E* a, const E* b, std::size_t n) noexcept {
+  std::size_t i = 0;
+#if defined(__GNUC__)
+  if constexpr (has_sum_many<E>) {
+    typedef wrapping_t<E> group __attribute__((vector_size(16)));
+    constexpr std::size_t w = 16 / sizeof(E);
+    for (; i + w <= n; i += w) {
+      group u, v;
+      __builtin_memcpy(&u, a + i, sizeof u);
+      __builtin_memcpy(&v, b + i, sizeof v);
+      u = u + v;
+      __builtin_memcpy(out + i, &u, sizeof u);
+    }
+  }
+#endif
+  for (; i < n; ++i) out[i] = combine(ReduceOp::sum, a[i], b[i]);
+}
+
 /// The value x with x op v == v for every v: the result of reducing nothing.
 template <class E>
 constexpr E identity(ReduceOp op) noexcept {
