@@ -59,13 +59,25 @@ constexpr E maximum(E a, E b) noexcept {
   }
 }
 
+/// The type a scalar sum or product of E is computed in: E for floating point; for integers an
+/// unsigned type at least as wide as unsigned int, whose wrap-around gives the two's-complement
+/// bits of E's (a signed overflow is undefined behaviour, and a product of two unsigned shorts
+/// promotes to int and can overflow it).
+template <class E>
+using scalar_arith_t =
+    std::conditional_t<std::is_integral_v<E>,
+                       std::conditional_t<(sizeof(E) < sizeof(unsigned)), unsigned,
+                                          typename std::make_unsigned<std::conditional_t<std::is_integral_v<E>, E, int>>::type>,
+                       E>;
+
 /// a `op` b, for op in {sum, mean (summed here, divided later), min, max, prod}.
 template <class E>
 constexpr E combine(ReduceOp op, E a, E b) noexcept {
+  using A = scalar_arith_t<E>;
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::mean: return static_cast<E>(a + b);
-    case ReduceOp::prod: return static_cast<E>(a * b);
+    case ReduceOp::mean: return static_cast<E>(static_cast<A>(a) + static_cast<A>(b));
+    case ReduceOp::prod: return static_cast<E>(static_cast<A>(a) * static_cast<A>(b));
     case ReduceOp::min: return minimum(a, b);
     case ReduceOp::max: return maximum(a, b);
   }
