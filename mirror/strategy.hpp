@@ -536,17 +536,21 @@ class Strategy {
     G out{};
     std::size_t k = 0;
     detail::for_each_leaf([&](auto& o) { detail::size_gathered(o, totals[k], widths[k]); ++k; }, out);
-    std::array<std::size_t, K> at{};
+    // G differs from T where a scalar or std::array leaf became a std::vector, so the two are
+    // walked apart: each output leaf as a span of its elements, by leaf position.
+    std::array<std::pair<void*, std::size_t>, K> to{};  // (data, filled so far) of output leaf k
+    k = 0;
+    detail::for_each_leaf([&](auto& o) { to[k++].first = leaf_traits<std::remove_cvref_t<decltype(o)>>::elements(o).data(); }, out);
     for (const T& c : components) {
       k = 0;
       detail::for_each_leaf(
-          [&](const auto& l, auto& o) {
+          [&](const auto& l) {
             const auto from = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
-            const auto to = leaf_traits<std::remove_cvref_t<decltype(o)>>::elements(o);
-            std::copy(from.begin(), from.end(), to.begin() + static_cast<std::ptrdiff_t>(at[k]));
-            at[k++] += from.size();
+            using E = std::remove_const_t<typename decltype(from)::element_type>;
+            std::copy(from.begin(), from.end(), static_cast<E*>(to[k].first) + to[k].second);
+            to[k++].second += from.size();
           },
-          c, out);
+          c);
     }
     return out;
   }
