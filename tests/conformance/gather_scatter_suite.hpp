@@ -396,7 +396,7 @@ TEST_CASE("conformance: reduce_scatter of a nest cuts every leaf by its own leng
   }
 }
 
-TEST_CASE("conformance: reduce_scatter on leaves of different lengths is a shape_error everywhere, nothing written",
+TEST_CASE("conformance: replicas that disagree on a reduce_scatter or all_gather get a shape_error everywhere, nothing written",
           CONFORMANCE_TAG) {
   namespace gs = gather_scatter;
   for (const int R : {2, 3, 7}) {
@@ -425,6 +425,32 @@ TEST_CASE("conformance: reduce_scatter on leaves of different lengths is a shape
       REQUIRE(raised == R);
       REQUIRE(!message.empty());
       REQUIRE(buffers == before);
+    }
+    {  // replicas that disagree on the op, or on the nest's type
+      const auto [raised, message] = gs::shape_errors(s, [](auto& ctx) {
+        ctx.reduce_scatter(ctx.replica_id_in_sync_group() == 0 ? ReduceOp::sum : ReduceOp::max, std::vector<int>(8, 1));
+      });
+      REQUIRE(raised == R);
+      const auto [raised2, message2] = gs::shape_errors(s, [](auto& ctx) {
+        if (ctx.replica_id_in_sync_group() == 1) {
+          ctx.reduce_scatter(ReduceOp::sum, std::vector<double>(8, 1.0));
+        } else {
+          ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(8, 1.0f));
+        }
+      });
+      REQUIRE(raised2 == R);
+      REQUIRE_THAT(message2, Catch::Contains("mismatched nests"));
+    }
+    {  // all_gather: replicas that disagree on the nest's type
+      const auto [raised, message] = gs::shape_errors(s, [](auto& ctx) {
+        if (ctx.replica_id_in_sync_group() == 1) {
+          ctx.all_gather(std::vector<double>(2, 1.0), mirror::axis0);
+        } else {
+          ctx.all_gather(std::vector<float>(3, 1.0f), mirror::axis0);
+        }
+      });
+      REQUIRE(raised == R);
+      REQUIRE_THAT(message, Catch::Contains("mismatched nests"));
     }
     // the strategy is still usable
     const auto ok = s.run([](auto& ctx) { return ctx.reduce_scatter(ReduceOp::sum, std::vector<int>(1, 2)); });
@@ -683,6 +709,11 @@ TEST_CASE("conformance: strategy.gather equals a serial concatenation of the com
     {  // the result of all_gather inside fn is the same
       const auto inside = s.run([&](auto& ctx) { return ctx.all_gather(make(ctx.replica_id_in_sync_group()), mirror::axis0); });
       for (const auto& v : inside) REQUIRE(v == got);
+    }
+    {  // a value with another number of components than replicas
+      const mirror::PerReplica<std::vector<float>> extra(std::vector<std::vector<float>>(static_cast<std::size_t>(R + 1)));
+      REQUIRE_THROWS_MATCHES(s.gather(extra, mirror::axis0), mirror::shape_error,
+                             mirror::test::what(Catch::Contains(std::to_string(R + 1) + " components")));
     }
     if (R > 1) {
       {  // matrices of different columns are a shape_error
