@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <span>
 #include <string>
