@@ -136,7 +136,8 @@ class ReplicaContext {
   }
 
   /// The span form of `all_gather`: every replica's `in` into `out`, in replica order, with no
-  /// allocation. **Requires**: `out.size()` is the sum of every replica's `in.size()`, on every
+  /// allocation on host devices (a device that stages host memory works on a copy of `in`, which
+  /// it never writes). **Requires**: `out.size()` is the sum of every replica's `in.size()`, on every
   /// replica (else `mirror::shape_error`, on every replica, before anything is copied); `out`
   /// does not overlap any replica's `in`, except that `in` may be exactly this replica's own
   /// part of `out` (in place: the parts of the replicas before it, then it).
@@ -146,7 +147,16 @@ class ReplicaContext {
                   "mirror::ReplicaContext::all_gather: device-resident spans need devices::Cuda");
     const std::array<std::size_t, 1> counts{in.size()}, widths{1};
     const std::vector<std::size_t>& all = gather_counts<std::span<E>>(counts, widths, out.size());
-    const std::array<std::span<E>, 1> ins{std::span<E>(const_cast<E*>(in.data()), in.size())}, outs{out};
+    // A device that stages host leaves (not host_addressable) writes every attached leaf back
+    // (detach); `in` is read-only, may be read-only memory, and may be read by other replicas
+    // meanwhile, so such a device attaches a copy of it.
+    std::vector<E> copy;
+    std::span<E> source(const_cast<E*>(in.data()), in.size());
+    if constexpr (!Strategy::runtime_type::host_addressable && !detail::has_device_leaf<std::span<E>>()) {
+      copy.assign(in.begin(), in.end());
+      source = copy;
+    }
+    const std::array<std::span<E>, 1> ins{source}, outs{out};
     strategy_->template all_gather_leaves<E>(self_, ins, all, outs, nullptr);
   }
   /// (For a non-const `in`: the same.)

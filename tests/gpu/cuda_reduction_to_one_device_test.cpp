@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The conformance suite (tests/conformance/all_reduce_suite.hpp) for mirror::devices::Cuda with mirror::ops::ReductionToOneDevice{}.
+// The conformance suites (tests/conformance/all_reduce_suite.hpp, gather_scatter_suite.hpp) for mirror::devices::Cuda with mirror::ops::ReductionToOneDevice{}.
 #include "gpu/cuda_support.hpp"
 #define CONFORMANCE_DEVICE mirror::devices::Cuda
 #define CONFORMANCE_OPS mirror::ops::ReductionToOneDevice{}
 #define CONFORMANCE_TAG "[cuda][reduction_to_one_device]"
 
 #include "conformance/all_reduce_suite.hpp"
+#include "conformance/gather_scatter_suite.hpp"

@@ -3,6 +3,7 @@
 // the places where mirror deliberately differs (architecture.md 2.3, 3).
 
 #include <catch2/catch.hpp>
+#include <array>
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -117,4 +118,59 @@ TEST_CASE("tf: every replica's value counts, also for a Mirrored value (no same-
   REQUIRE(s.reduce(ReduceOp::mean, m) == 2.0);
   const auto synced = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); });
   REQUIRE(s.reduce(ReduceOp::sum, synced) == 9);
+}
+
+// tensorflow/python/distribute/strategy_gather_test.py (tf_semantics.md 1.12). TF runs these on
+// 1 and 2 replicas (mirrored_strategy_with_one_cpu / _two_cpus); a TF tensor of shape (rows, cols)
+// is a mirror::matrix with `cols` columns. Each expected shape is TF's own formula:
+// sum(range(N + 1)) rows for replica r's (r + 1, 1).
+TEST_CASE("tf: testGatherDiffShapeAtAxis0 and testAllGatherDiffShapeAtAxis0: (1, 1) and (2, 1) give (3, 1)",
+          "[tf][gather]") {
+  for (const int n : {1, 2, 4}) {
+    CAPTURE(n);
+    mirror::Strategy<Threads> s{{.replicas = n}};
+    // value_fn(ctx) = constant(1, shape=(ctx.replica_id_in_sync_group + 1, 1))
+    const auto values = s.distribute_values_from_function([](const mirror::ValueContext& ctx) {
+      return mirror::matrix<int>{std::vector<int>(static_cast<std::size_t>(ctx.replica_id_in_sync_group + 1), 1), 1};
+    });
+    const auto rows = static_cast<std::size_t>(n * (n + 1) / 2);  // sum(range(N + 1)): 3 on 2 replicas
+    const mirror::matrix<int> expect{std::vector<int>(rows, 1), 1};
+    REQUIRE(s.gather(values, mirror::axis0) == expect);
+    const auto all = s.run([](auto& ctx, const mirror::matrix<int>& value) { return ctx.all_gather(value, mirror::axis0); },
+                           values);
+    REQUIRE(all.size() == static_cast<std::size_t>(n));  // [expect] * num_replicas
+    for (const auto& m : all) REQUIRE(m == expect);
+  }
+}
+
+TEST_CASE("tf: testAllGatherNest1D0Axis: [1, 2, 3] in a nest of two gives [1, 2, 3, 1, 2, 3] on 2 replicas",
+          "[tf][gather]") {
+  mirror::Strategy<Threads> s{{.replicas = 2}};
+  const std::vector<int> single_value{1, 2, 3};
+  const auto out = s.run([&](auto& ctx) {
+    return ctx.all_gather(std::array<std::vector<int>, 2>{single_value, single_value}, mirror::axis0);  // TF: a list
+  });
+  const std::vector<int> expect{1, 2, 3, 1, 2, 3};
+  for (const auto& nest : out) {
+    REQUIRE(nest[0] == expect);
+    REQUIRE(nest[1] == expect);
+  }
+  // testGatherPerReplicaDense1D0Axis: the same through strategy.gather
+  const auto values = s.distribute_values_from_function([&](const mirror::ValueContext&) { return single_value; });
+  REQUIRE(s.gather(values, mirror::axis0) == expect);
+}
+
+TEST_CASE("tf: testGatherRaiseDiffShapeAtNonAxis / testAllGatherRaiseDiffShapeAtNonAxis: (1, 1) and (1, 2) along axis 0 raise",
+          "[tf][gather]") {
+  // TF: "Dimension 1 in both shapes must be equal"; mirror: a shape_error naming the columns.
+  mirror::Strategy<Threads> s{{.replicas = 2}};
+  // value_fn(ctx) = constant(1, shape=(1, ctx.replica_id_in_sync_group + 1))
+  const auto values = s.distribute_values_from_function([](const mirror::ValueContext& ctx) {
+    const auto cols = static_cast<std::size_t>(ctx.replica_id_in_sync_group + 1);
+    return mirror::matrix<int>{std::vector<int>(cols, 1), cols};
+  });
+  REQUIRE_THROWS_AS(s.gather(values, mirror::axis0), mirror::shape_error);
+  REQUIRE_THROWS_AS(s.run([](auto& ctx, const mirror::matrix<int>& value) { return ctx.all_gather(value, mirror::axis0); },
+                          values),
+                    mirror::shape_error);
 }

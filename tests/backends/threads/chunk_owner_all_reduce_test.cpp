@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The conformance suite (tests/conformance/all_reduce_suite.hpp) for mirror::devices::Threads with mirror::ops::ChunkOwnerAllReduce{}.
+// The conformance suites (tests/conformance/all_reduce_suite.hpp, gather_scatter_suite.hpp) for mirror::devices::Threads with mirror::ops::ChunkOwnerAllReduce{}.
 #define CONFORMANCE_DEVICE mirror::devices::Threads
 #define CONFORMANCE_OPS mirror::ops::ChunkOwnerAllReduce{}
 #define CONFORMANCE_TAG "[threads][chunk_owner]"
 
 #include "conformance/all_reduce_suite.hpp"
+#include "conformance/gather_scatter_suite.hpp"
 
 // The suite's element types are 4 and 8 bytes wide. The chunk-owner all-reduce moves bytes and
 // calls each type's arithmetic through detail::element_kernels, so the widths it does not cover

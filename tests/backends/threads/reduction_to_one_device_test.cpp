@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The conformance suite (tests/conformance/all_reduce_suite.hpp) for mirror::devices::Threads with mirror::ops::ReductionToOneDevice{}.
+// The conformance suites (tests/conformance/all_reduce_suite.hpp, gather_scatter_suite.hpp) for mirror::devices::Threads with mirror::ops::ReductionToOneDevice{}.
 #define CONFORMANCE_DEVICE mirror::devices::Threads
 #define CONFORMANCE_OPS mirror::ops::ReductionToOneDevice{}
 #define CONFORMANCE_TAG "[threads][reduction_to_one_device]"
 
 #include "conformance/all_reduce_suite.hpp"
+#include "conformance/gather_scatter_suite.hpp"

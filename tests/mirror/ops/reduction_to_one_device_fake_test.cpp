@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The conformance suite (tests/conformance/all_reduce_suite.hpp) for mirror::test::FakeDevice with mirror::ops::ReductionToOneDevice{}.
+// The conformance suites (tests/conformance/all_reduce_suite.hpp, gather_scatter_suite.hpp) for mirror::test::FakeDevice with mirror::ops::ReductionToOneDevice{}.
 #define CONFORMANCE_DEVICE mirror::test::FakeDevice
 #define CONFORMANCE_OPS mirror::ops::ReductionToOneDevice{}
 #define CONFORMANCE_TAG "[fake][reduction_to_one_device]"
 #include "support/fake_device.hpp"
 #include "conformance/all_reduce_suite.hpp"
+#include "conformance/gather_scatter_suite.hpp"

@@ -1,0 +1,13 @@
+// expected-error: distribute_values_from_function\(fn\): fn returns void; it must return the value for the replica its ValueContext names
+// Compile-fail test distribute_values_void: strategy.distribute_values_from_function with a fn that returns nothing: there is no value to distribute.
+// distribute_values_void.fail.cpp must not compile; distribute_values_void.pass.cpp, which differs only in the line marked
+// "under test", must.
+#include <mirror/mirror.hpp>
+
+int main() {
+  mirror::Strategy<mirror::devices::Threads> strategy{{.replicas = 2}};
+  auto values = strategy.distribute_values_from_function([](const mirror::ValueContext& c) {
+    (void)c;  // <- under test
+  });
+  (void)values;
+}
