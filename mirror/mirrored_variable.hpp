@@ -147,8 +147,10 @@ class MirroredVariable {
         auto g = detail::leaves_of<E>(const_cast<Grads&>(reduced));
         const auto s = std::tuple{detail::leaves_of<E>(states)...};
         for (std::size_t j = 0; j < params.size(); ++j) {
-          const auto [first, count] = detail::replica_rows(params[j].size(), n, r);
-          std::apply([&](const auto&... state) { step(params[j].subspan(first, count), std::span<const E>(g[j]), state[j]...); }, s);
+          // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
+          const auto cut = detail::replica_rows(params[j].size(), n, r);
+          const std::span<E> mine = params[j].subspan(cut.first, cut.second);
+          std::apply([&](const auto&... state) { step(mine, std::span<const E>(g[j]), state[j]...); }, s);
         }
       });
       ctx_->gather_cuts(*copy_);

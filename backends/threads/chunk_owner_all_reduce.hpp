@@ -129,7 +129,9 @@ struct ChunkOwnerAllReduce {
     const std::size_t block = (n >= wide_block_replicas ? wide_block_bytes : block_bytes) / sizeof(E);
     alignas(64) E acc[wide_block_bytes / sizeof(E)];
     for (std::size_t k = 0; k < in.sizes.size(); ++k) {
-      const auto [first, count] = detail::cut_of(in.sizes[k], n, c.self());
+      // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
+      const auto cut = detail::cut_of(in.sizes[k], n, c.self());
+      const std::size_t first = cut.first, count = cut.second;
       const auto at = [&](int r, std::size_t i) -> const E* {
         return all[static_cast<std::size_t>(r)].leaves[k] + first + i;
       };

@@ -4,6 +4,9 @@
 
 #include <catch2/catch.hpp>
 #include "support/matchers.hpp"
+#include "support/reference.hpp"
+#include <span>
+#include <tuple>
 #include <vector>
 #include <mirror/mirror.hpp>
 
@@ -126,6 +129,124 @@ TEST_CASE("update(fn, synced...) applies one update to every copy without commun
     REQUIRE(c.w == w);
     REQUIRE(c.velocity == vel);
   }
+}
+
+namespace {
+struct Model {
+  BOOST_HANA_DEFINE_STRUCT(Model, (std::vector<float>, w), (std::vector<double>, d), (std::vector<float>, b));
+  friend bool operator==(const Model&, const Model&) = default;
+};
+// Replica r's gradient at step t: not exact in binary, so any change of order shows in the bits.
+std::vector<float> grad_w(int r, int t, std::size_t n) {
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = 0.37f * float(r + 1) / float(i + 3) + 0.011f * float(t);
+  return g;
+}
+std::vector<double> grad_d(int r, int t, std::size_t n) {
+  std::vector<double> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = 0.29 * double(r + 2) / double(i + 7) - 0.013 * double(t);
+  return g;
+}
+}  // namespace
+
+TEST_CASE("update_sharded gives the bits of all_reduce + update on every copy, and keeps 1/N of the state",
+          "[variables][mirrored][sharded]") {
+  // w: ragged for every count below; d: shorter than some counts (empty cuts); b: empty.
+  const std::size_t nw = 1009, nd = 5;
+  for (const int R : {1, 2, 3, 7}) {
+    CAPTURE(R);
+    S s{{.replicas = R}};
+    const Model init{std::vector<float>(nw, 0.5f), std::vector<double>(nd, -1.0), {}};
+    auto sharded = s.make_variable(init);
+    auto replicated = s.make_variable(init);
+    const Model zeros{std::vector<float>(nw), std::vector<double>(nd), {}};
+    auto velocity = s.distribute_values_from_function(
+        [&](const mirror::ValueContext& c) { return mirror::cut_for_replica(zeros, c); });
+    auto full_velocity = s.make_variable(zeros);
+    std::size_t kept = 0;
+    for (const Model& v : S::local_results(velocity)) {
+      kept += v.w.size() + v.d.size();
+      REQUIRE(v.b.empty());
+    }
+    REQUIRE(kept == nw + nd);  // the state lives once across the replicas
+    for (int t = 0; t < 3; ++t) {
+      s.run(
+          [t, nw, nd](auto& ctx, auto& p, Model& vel, auto& q, auto& full_vel) {
+            const int r = ctx.replica_id_in_sync_group();
+            auto gw = grad_w(r, t, nw);
+            auto gd = grad_d(r, t, nd);
+            std::vector<float> gb;
+            auto gw2 = gw;
+            auto gd2 = gd;
+            // The sharded step: each replica steps its cut; the state holds only that cut.
+            p.update_sharded(
+                [](auto param, auto grad, auto v) {
+                  for (std::size_t i = 0; i < param.size(); ++i) {
+                    v[i] = 0.9f * v[i] + grad[i];
+                    param[i] -= 0.05f * v[i];
+                  }
+                },
+                ReduceOp::mean, std::tuple{std::span<float>(gw), std::span<double>(gd), std::span<float>(gb)}, vel);
+            // The replicated reference: the same arithmetic on whole leaves after an all_reduce.
+            const auto g = ctx.all_reduce(ReduceOp::mean, std::tuple{std::span<float>(gw2), std::span<double>(gd2)});
+            full_vel.update(
+                [](Model& v, const auto& grads) {
+                  for (std::size_t i = 0; i < v.w.size(); ++i) v.w[i] = 0.9f * v.w[i] + std::get<0>(grads)[i];
+                  for (std::size_t i = 0; i < v.d.size(); ++i) v.d[i] = 0.9f * v.d[i] + std::get<1>(grads)[i];
+                },
+                g);
+            const Model& vfull = full_vel.value();
+            q.update(
+                [&vfull](Model& m, const auto&) {
+                  for (std::size_t i = 0; i < m.w.size(); ++i) m.w[i] -= 0.05f * vfull.w[i];
+                  for (std::size_t i = 0; i < m.d.size(); ++i) m.d[i] -= 0.05f * vfull.d[i];
+                },
+                g);
+          },
+          sharded, velocity, replicated, full_velocity);
+    }
+    for (const Model& c : S::local_results(sharded)) {
+      REQUIRE(mirror::test::same_bits(c.w.data(), replicated.value().w.data(), nw));
+      REQUIRE(mirror::test::same_bits(c.d.data(), replicated.value().d.data(), nd));
+    }
+    REQUIRE(replicated.value().w[0] != 0.5f);  // it moved
+  }
+}
+
+TEST_CASE("update_sharded refuses a gradient or a state of the wrong length before anything changes",
+          "[variables][mirrored][sharded][errors]") {
+  S s{{.replicas = 2}};
+  const Model init{std::vector<float>(9, 1.0f), std::vector<double>(4, 2.0), {}};
+  auto p = s.make_variable(init);
+  auto velocity = s.distribute_values_from_function(
+      [&](const mirror::ValueContext& c) { return mirror::cut_for_replica(init, c); });
+  const auto step = [](auto param, auto grad, auto v) {
+    for (std::size_t i = 0; i < param.size(); ++i) param[i] -= grad[i] + 0 * v[i];
+  };
+  // A gradient leaf one element short, on replica 1 only.
+  REQUIRE_THROWS_MATCHES(
+      s.run(
+          [&](auto& ctx, auto& var, Model& v) {
+            std::vector<float> gw(ctx.replica_id_in_sync_group() == 1 ? 8 : 9, 1.0f), gb;
+            std::vector<double> gd(4, 1.0);
+            var.update_sharded(step, ReduceOp::sum,
+                               std::tuple{std::span<float>(gw), std::span<double>(gd), std::span<float>(gb)}, v);
+          },
+          p, velocity),
+      mirror::shape_error, mirror::test::what(Catch::Contains("replica 1") && Catch::Contains("gradient leaf 0")));
+  // A state that is not this replica's cut (the whole leaf).
+  mirror::PerReplica<Model> whole(std::vector<Model>(2, init));
+  REQUIRE_THROWS_MATCHES(
+      s.run(
+          [&](auto&, auto& var, Model& v) {
+            std::vector<float> gw(9, 1.0f), gb;
+            std::vector<double> gd(4, 1.0);
+            var.update_sharded(step, ReduceOp::sum,
+                               std::tuple{std::span<float>(gw), std::span<double>(gd), std::span<float>(gb)}, v);
+          },
+          p, whole),
+      mirror::shape_error, mirror::test::what(Catch::Contains("cut_for_replica")));
+  for (const Model& c : S::local_results(p)) REQUIRE(c == init);  // nothing changed
 }
 
 TEST_CASE("a variable made by another strategy is rejected before any replica runs", "[variables][errors]") {
