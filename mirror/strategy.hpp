@@ -739,6 +739,30 @@ class Strategy {
     for (std::size_t k = 0; k < K; ++k) rt_.detach(self, leaves[k], host[k]);
   }
 
+  /// The leaves of one element type of a gather's or scatter's input or output, attached on a
+  /// replica's device (rt.attach) as an ops policy sees them.
+  template <class E, std::size_t K>
+  struct attached_leaves {
+    std::array<typename runtime_type::template pointer<E>, K> leaves{};
+    std::array<std::size_t, K> sizes{};
+    std::size_t total = 0;
+    detail::segment_list<runtime_type, E> list() const { return {leaves, sizes, total}; }
+  };
+  template <class E, std::size_t K>
+  attached_leaves<E, K> attach_leaves(int self, const std::array<std::span<E>, K>& host) {
+    attached_leaves<E, K> a;
+    for (std::size_t k = 0; k < K; ++k) {
+      a.leaves[k] = rt_.attach(self, host[k]);
+      a.sizes[k] = host[k].size();
+      a.total += a.sizes[k];
+    }
+    return a;
+  }
+  template <class E, std::size_t K>
+  void detach_leaves(int self, const attached_leaves<E, K>& a, const std::array<std::span<E>, K>& host) {
+    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, a.leaves[k], host[k]);
+  }
+
   template <class E, std::size_t K>
   void reduce_scatter_leaves(int self, ReduceOp op, const std::array<std::span<E>, K>& in,
                              const std::array<std::span<E>, K>& out, const detail::collective_header* header) {
@@ -748,24 +772,13 @@ class Strategy {
                   "(mirror/concepts/cross_device_ops.hpp); every policy mirror ships has one, and a policy of "
                   "your own can call detail::generic_reduce_scatter");
     if constexpr (runtime_type::host_addressable) detail::require_host_element<E>();
-    using pointer = typename runtime_type::template pointer<E>;
-    std::array<pointer, K> ins{}, outs{};
-    std::array<std::size_t, K> in_sizes{}, out_sizes{};
-    std::size_t in_total = 0, out_total = 0;
-    for (std::size_t k = 0; k < K; ++k) {
-      ins[k] = rt_.attach(self, in[k]);
-      outs[k] = rt_.attach(self, out[k]);
-      in_sizes[k] = in[k].size();
-      out_sizes[k] = out[k].size();
-      in_total += in_sizes[k];
-      out_total += out_sizes[k];
-    }
+    const auto ins = attach_leaves(self, in);
+    const auto outs = attach_leaves(self, out);
     detail::collective<runtime_type> c(rt_, self, header);
-    ops_.reduce_scatter(c, op, detail::segment_list<runtime_type, E>{ins, in_sizes, in_total},
-                        detail::segment_list<runtime_type, E>{outs, out_sizes, out_total});
+    ops_.reduce_scatter(c, op, ins.list(), outs.list());
     // The inputs first: where a device staged a span and its cut apart, the cut's result lands last.
-    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, ins[k], in[k]);
-    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, outs[k], out[k]);
+    detach_leaves(self, ins, in);
+    detach_leaves(self, outs, out);
   }
 
   template <class E, std::size_t K>
@@ -777,24 +790,13 @@ class Strategy {
                   "(mirror/concepts/cross_device_ops.hpp); every policy mirror ships has one, and a policy of "
                   "your own can call detail::generic_all_gather");
     if constexpr (runtime_type::host_addressable) detail::require_host_element<E>();
-    using pointer = typename runtime_type::template pointer<E>;
-    std::array<pointer, K> ins{}, outs{};
-    std::array<std::size_t, K> in_sizes{}, out_sizes{};
-    std::size_t in_total = 0, out_total = 0;
-    for (std::size_t k = 0; k < K; ++k) {
-      ins[k] = rt_.attach(self, in[k]);
-      outs[k] = rt_.attach(self, out[k]);
-      in_sizes[k] = in[k].size();
-      out_sizes[k] = out[k].size();
-      in_total += in_sizes[k];
-      out_total += out_sizes[k];
-    }
+    const auto ins = attach_leaves(self, in);
+    const auto outs = attach_leaves(self, out);
     // (No header where gather_counts made the agreement check.)
     detail::collective<runtime_type> c(rt_, self, header);
-    ops_.all_gather(c, detail::segment_list<runtime_type, E>{ins, in_sizes, in_total}, counts,
-                    detail::segment_list<runtime_type, E>{outs, out_sizes, out_total});
-    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, ins[k], in[k]);
-    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, outs[k], out[k]);
+    ops_.all_gather(c, ins.list(), counts, outs.list());
+    detach_leaves(self, ins, in);
+    detach_leaves(self, outs, out);
   }
 
   /// all_gather's first step (ReplicaContext::gather_counts): every replica's `leaves` lengths

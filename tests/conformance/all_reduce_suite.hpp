@@ -32,26 +32,11 @@
 #include <mirror/mirror.hpp>
 #include "support/reference.hpp"
 
-#ifndef CONFORMANCE_SUPPORTS
-#define CONFORMANCE_SUPPORTS(R) true
-#endif
-#ifndef CONFORMANCE_MEAN_IS_PREMUL_SUM
-#define CONFORMANCE_MEAN_IS_PREMUL_SUM 0
-#endif
+#include "conformance/suite_strategy.hpp"
 
 namespace conformance {
 
-using Device = CONFORMANCE_DEVICE;
-using Ops = std::remove_cvref_t<decltype(CONFORMANCE_OPS)>;
-using Strategy = mirror::Strategy<Device, Ops>;
 using mirror::ReduceOp;
-
-inline Strategy& strategy_with(int replicas) {
-  static std::array<std::unique_ptr<Strategy>, 17> cache;
-  auto& s = cache[static_cast<std::size_t>(replicas)];
-  if (!s) s = std::make_unique<Strategy>(mirror::test::make_device<Device>(replicas), CONFORMANCE_OPS);
-  return *s;
-}
 
 /// Whether `op` on R replicas may round differently from the serial reference for this pair:
 /// only a pre-multiplied floating-point mean, and only when 1/R is inexact (R not a power of 2).

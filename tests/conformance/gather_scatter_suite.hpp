@@ -30,26 +30,15 @@
 #include <mirror/mirror.hpp>
 #include "support/reference.hpp"
 
-#ifndef CONFORMANCE_SUPPORTS
-#define CONFORMANCE_SUPPORTS(R) true
-#endif
-#ifndef CONFORMANCE_MEAN_IS_PREMUL_SUM
-#define CONFORMANCE_MEAN_IS_PREMUL_SUM 0
-#endif
+#include "conformance/suite_strategy.hpp"
 
 namespace gather_scatter {
 
-using Device = CONFORMANCE_DEVICE;
-using Ops = std::remove_cvref_t<decltype(CONFORMANCE_OPS)>;
-using Strategy = mirror::Strategy<Device, Ops>;
+using conformance::Device;
+using conformance::Ops;
+using conformance::Strategy;
+using conformance::strategy_with;
 using mirror::ReduceOp;
-
-inline Strategy& strategy_with(int replicas) {
-  static std::array<std::unique_ptr<Strategy>, 17> cache;
-  auto& s = cache[static_cast<std::size_t>(replicas)];
-  if (!s) s = std::make_unique<Strategy>(mirror::test::make_device<Device>(replicas), CONFORMANCE_OPS);
-  return *s;
-}
 
 inline constexpr int replica_counts[] = {1, 2, 3, 4, 7, 8, 16};
 
