@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # Scaling of examples/fashion_mnist: mirror on 1, 2 and 4 replicas (the default sharded optimiser;
 # 1 and 2 replicas also with --optimizer replicated) against the numpy + OpenBLAS
-# baseline (bench/fashion_mnist_numpy.py: same model, optimiser, batch size and epochs), run
+# baseline (bench/fashion_mnist_numpy.py: same model, optimiser, batch size and epochs), and beside
+# them the ceiling of the speedup (bench/fashion_mnist_ceiling.cpp: the model's compute alone on
+# 2 threads x 128 rows against 1 x 256, no collective or optimiser), run
 # alternately for several rounds so that load from elsewhere hits every configuration alike.
 # Prints the runs as they finish (stderr) and then a Markdown table (stdout).
 #
@@ -28,14 +30,14 @@ while [[ $# -gt 0 ]]; do
     --batch-size) batch=$2 ;;
     --policy) policy=$2 ;;
     --seed) seed=$2 ;;
-    -h | --help) sed -n '3,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '3,/^[^#]/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "fashion_mnist_scaling.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift 2
 done
 
 [[ -f $build/build.ninja ]] || meson setup "$build" >&2
-ninja -C "$build" examples/fashion_mnist >&2
+ninja -C "$build" examples/fashion_mnist examples/fashion_mnist_ceiling >&2
 trainer=$build/examples/fashion_mnist
 numpy_script=bench/fashion_mnist_numpy.py
 
@@ -65,6 +67,10 @@ for ((round = 1; round <= rounds; ++round)); do
   for r in 1 2; do
     run "mirror-${r}r" "$trainer" "${common[@]}" --replicas "$r" --policy "$policy" --optimizer replicated
   done
+  # The compute alone, 2 threads x 128 rows against 1 x 256: the ceiling of the speedup.
+  ceiling=$("$build/examples/fashion_mnist_ceiling" --rounds 1 | sed -n 's/^ceiling //p')
+  printf '  %-10s %8s x (forward + backward alone, 2 threads vs 1)\n' ceiling "$ceiling" >&2
+  echo "$round ceiling $ceiling -" >>"$runs"
   run numpy "$numpy_script" "${common[@]}"
   run numpy-1 "$numpy_script" "${common[@]}" --blas-threads 1
 done
@@ -101,4 +107,8 @@ for name, label in labels.items():
               f'{v[best]:.0f}, {v[best] / rate["mirror-1"][best]:.2f}x |')
     else:
         print(f'| {label} | {med(v.values()):.0f} | | {vs_np:.2f}x | {acc[name]} | {v[best]:.0f} |')
+c = rate['ceiling']
+best = max(rounds, key=lambda k: rate['mirror-2'][k] / rate['mirror-1'][k])
+print(f'| ceiling: the model\'s forward + backward alone, 2 threads x 128 rows vs 1 x 256 '
+      f'(bench/fashion_mnist_ceiling.cpp) | | {med(c.values()):.2f}x | | | round of the best 2-replica speedup: {c[best]:.2f}x |')
 PY
