@@ -174,7 +174,8 @@ class ReplicaContext {
   /// `PerReplica`): a `std::vector` leaf becomes a vector of the cut's length; a span leaf is
   /// reduced in place into this replica's own cut (the rest of the span is left as it was) and
   /// the returned span views that cut. Bitwise the same as the cut's elements of `all_reduce`
-  /// under the same policy.
+  /// under the same policy (except `ops::NcclAllReduce` with floating-point sum, prod or mean on
+  /// three replicas or more, where NCCL may order the two differently: backends/nccl).
   /// **Errors**: `mirror::shape_error` (on every replica, before any value changes) when replicas
   /// disagree on the nest or the lengths.
   /// **Communication**: the ops policy's; the CPU default reads every replica's cut once and
@@ -184,11 +185,13 @@ class ReplicaContext {
   std::remove_cvref_t<T> reduce_scatter(ReduceOp op, T&& value) {
     using N = std::remove_cvref_t<T>;
     static_assert([]<class... Ls>(detail::type_list<Ls...>) {
-                    return (true && ... && (leaf_traits<Ls>::rank == 1 && (leaf_traits<Ls>::resizable || leaf_traits<Ls>::is_view)));
+                    return (true && ... && (leaf_traits<Ls>::rank == 1 && (leaf_traits<Ls>::resizable || leaf_traits<Ls>::is_view) &&
+                                            !detail::is_fixed_extent_span<Ls>::value));
                   }(detail::leaf_types_t<N>{}),
                   "mirror::ReplicaContext::reduce_scatter(op, value): every leaf must be 1-D and hold a cut of any "
                   "length: std::vector or std::span (a scalar has nothing to cut, a std::array cannot change its "
-                  "length, a matrix is not 1-D: pass its elements as a std::span)");
+                  "length, a matrix is not 1-D: pass its elements as a std::span; a std::span<E, Extent> of a fixed "
+                  "extent cannot view a cut of another length: pass a std::span<E>)");
     static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<N>()),
                   "mirror::ReplicaContext::reduce_scatter: the value holds device-resident leaves (GPU memory) but "
                   "this strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");

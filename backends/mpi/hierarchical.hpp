@@ -125,11 +125,16 @@ struct Hierarchical {
     // with several local replicas it is the local phase. Either way on a copy.
     E* local_result = nullptr;
     if (W == 1 || R > 1) {
-      local_result = rt.template scratch<E>(self, in.total);
+      // The copy lives in a buffer of this replica's thread, not in the runtime's scratch: the
+      // local policy's all_reduce may take that scratch for itself (ReductionToOneDevice and
+      // HierarchicalCopy accumulate there), which would overwrite the leaves it is reducing.
+      static thread_local std::vector<E> local_copy;
+      if (local_copy.size() < in.total) local_copy.resize(in.total);
+      E* const base = local_copy.data();
       std::vector<E*> copies(K);
       std::size_t at = 0;
       for (std::size_t k = 0; k < K; ++k) {
-        copies[k] = local_result + at;
+        copies[k] = base + at;
         std::copy(in.leaves[k], in.leaves[k] + in.sizes[k], copies[k]);
         at += in.sizes[k];
       }
@@ -138,10 +143,16 @@ struct Hierarchical {
         at = 0;
         for (std::size_t k = 0; k < K; ++k) {
           const std::size_t first = detail::replica_rows(in.sizes[k], R, self).first;
-          std::copy(local_result + at + first, local_result + at + first + out.sizes[k], out.leaves[k]);
+          std::copy(base + at + first, base + at + first + out.sizes[k], out.leaves[k]);
           at += in.sizes[k];
         }
         return;
+      }
+      // The cross step works in the scratch, which outlives an abandoned MPI request
+      // (devices::Cluster keeps it), taken now that the local policy is done with it.
+      if (self == 0) {
+        local_result = rt.template scratch<E>(self, in.total);
+        std::copy(base, base + in.total, local_result);
       }
     } else {
       c.barrier();  // one local replica: only the (trivial) local agreement check
@@ -219,14 +230,19 @@ struct Hierarchical {
     struct post {
       const typename detail::segment_list<Rt, E>::pointer* leaves;  // replica 0's output leaves
     };
-    const auto all = c.exchange(post{out.leaves.data()});
+    // (Kept: the exchange's result is valid only until this replica's next barrier.)
+    const auto* const first_leaves = c.exchange(post{out.leaves.data()})[0].leaves;
     for (std::size_t k = 0; k < K; ++k) {
       std::size_t at = 0;
       for (std::size_t q = 0; q < global; ++q) at += counts[q * K + k];
-      rt.copy(self, all[0].leaves[k] + at, in.leaves[k], counts[global * K + k]);
+      rt.copy(self, first_leaves[k] + at, in.leaves[k], counts[global * K + k]);
     }
     if (R > 1) c.barrier();
     if (self == 0 && W > 1) {
+      // The lengths were gathered and checked; the element type was not, across workers (a
+      // float leaf on one and a double on another would exchange blocks of different bytes).
+      g.check_all_reduce(out.total, detail::element_kind_of<E>(), ReduceOp::sum,
+                         "mirror::ReplicaContext::all_gather (the element types across workers)");
       std::vector<std::size_t> per_worker(static_cast<std::size_t>(W) * K, 0);
       for (std::size_t q = 0; q < N; ++q) {
         for (std::size_t k = 0; k < K; ++k) per_worker[q / static_cast<std::size_t>(R) * K + k] += counts[q * K + k];
@@ -238,7 +254,7 @@ struct Hierarchical {
     if (R == 1) return;
     c.barrier();
     if (self != 0) {
-      for (std::size_t k = 0; k < K; ++k) rt.copy(self, out.leaves[k], all[0].leaves[k], out.sizes[k]);
+      for (std::size_t k = 0; k < K; ++k) rt.copy(self, out.leaves[k], first_leaves[k], out.sizes[k]);
     }
     c.barrier();  // replica 0's output stays as it is until every copy is done
   }

@@ -21,7 +21,8 @@
 ///   const detail::segment_list<Rt, E>& out) const`: `in` is this replica's leaves (the same
 ///   lengths on every replica); `out.leaves[k]` (`detail::cut_of(in.sizes[k], N, g)` elements, g
 ///   the global replica id, N all replicas) receives the `op`-reduction of cut g of leaf k, with
-///   the bits the policy's `all_reduce` gives those elements. `out` may be this replica's own
+///   the bits the policy's `all_reduce` gives those elements (a policy that cannot promise it,
+///   like `NcclAllReduce` for floating-point sums over three replicas or more, says so). `out` may be this replica's own
 ///   cut of `in` (in place). First synchronisation `c.exchange(...)`, as for `all_reduce`.
 /// - `void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
 ///   std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const`:

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <boost/hana/tuple.hpp>
+#include <span>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -16,6 +17,12 @@
 #include <mirror/detail/nest_walk.hpp>
 
 namespace mirror::detail {
+
+/// Whether L is a std::span of a fixed extent (it cannot view a cut of another length).
+template <class L>
+struct is_fixed_extent_span : std::false_type {};
+template <class E, std::size_t Extent>
+struct is_fixed_extent_span<std::span<E, Extent>> : std::bool_constant<Extent != std::dynamic_extent> {};
 
 /// No gathered type (see the file comment); all_gather's static_assert names the fix.
 struct not_gatherable {};

@@ -405,3 +405,48 @@ TEST_CASE("cluster: an exception in fn on one worker while the others reduce-sca
     }
   }
 }
+
+namespace {
+
+// Local policies that accumulate in the runtime's scratch: the cluster reduce_scatter must keep
+// its copy of the leaves elsewhere (a review found the copy and the accumulator in one buffer).
+template <class Local>
+void reduce_scatter_with_local_policy(Local local) {
+  using S = mirror::Strategy<Cluster, mirror::ops::Hierarchical<Local, mirror::ops::MpiAllReduce>>;
+  drop_strategy();
+  for (const int R : {2, 3}) {
+    CAPTURE(R);
+    S s(Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30)}, {.local = local});
+    const int W = world_size(), N = W * R;
+    const std::size_t n = 3 * 2048 + 5;  // several 8 KiB blocks per replica's part, ragged
+    std::vector<float> serial(n, 0.0f);
+    for (int g = 0; g < N; ++g) {
+      const std::vector<float> x = input_vector<float>(g, n, ReduceOp::sum);
+      for (std::size_t i = 0; i < n; ++i) serial[i] += x[i];
+    }
+    const auto results = s.run([&](auto& ctx) {
+      const int g = ctx.replica_id_in_sync_group();
+      const auto cut = ctx.reduce_scatter(ReduceOp::sum, input_vector<float>(g, n, ReduceOp::sum));
+      const auto all = ctx.all_reduce(ReduceOp::sum, input_vector<float>(g, n, ReduceOp::sum));
+      return std::pair{cut, *all};
+    });
+    const auto& [cuts, alls] = results;
+    for (int l = 0; l < R; ++l) {
+      const int g = s.worker_index() * R + l;
+      const auto [first, count] = mirror::detail::replica_rows(n, N, g);
+      CAPTURE(g);
+      const std::vector<float>& cut = cuts[static_cast<std::size_t>(l)];
+      REQUIRE(cut.size() == count);
+      CHECK(same_bits<float>(cut, std::span<const float>(alls[static_cast<std::size_t>(l)]).subspan(first, count)));
+      check_close<float>(cut, std::span<const float>(serial).subspan(first, count));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cluster reduce_scatter with a local policy that accumulates in scratch (ReductionToOneDevice, "
+          "HierarchicalCopy)", "[mpi]") {
+  reduce_scatter_with_local_policy(mirror::ops::ReductionToOneDevice{.reduce_to = 1});
+  reduce_scatter_with_local_policy(mirror::ops::HierarchicalCopy{.num_packs = 2});
+}
