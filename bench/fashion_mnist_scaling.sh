@@ -16,7 +16,8 @@
 # the median over the rounds of each figure and ratio, plus the best round. The numpy baseline
 # runs twice per round: OpenBLAS with its default thread count (one per core) and with one
 # thread; "vs numpy" divides by the faster of the two in the same round. The test accuracy is
-# the last run's (a given binary gives the same accuracy in every run).
+# the last run's (a given binary and environment give the same accuracy in every run;
+# docs/fashion-mnist.md says what can move it).
 # DIR (default: build) is a configured Meson build directory; the trainer is built there first.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
