@@ -52,13 +52,14 @@ struct FakeDevice {
     template <class E>
     pointer<E> attach(int self, std::span<E> host) {
       const int b = arena(self).allocate(host.size_bytes());
-      std::memcpy(arena(self).blocks[static_cast<std::size_t>(b)].get(), host.data(), host.size_bytes());
+      // (An empty leaf may have no address: memcpy must not see it.)
+      if (!host.empty()) std::memcpy(arena(self).blocks[static_cast<std::size_t>(b)].get(), host.data(), host.size_bytes());
       ++copies_;
       return {self, b, 0};
     }
     template <class E>
     void detach(int self, pointer<E> p, std::span<E> host) {
-      std::memcpy(host.data(), resolve(p), host.size_bytes());
+      if (!host.empty()) std::memcpy(host.data(), resolve(p), host.size_bytes());
       arena(self).release(p.block);
       ++copies_;
     }
@@ -73,7 +74,7 @@ struct FakeDevice {
     }
     template <class E>
     void copy(int, pointer<E> dst, pointer<E> src, std::size_t n) {
-      std::memmove(resolve(dst), resolve(src), n * sizeof(E));
+      if (n != 0) std::memmove(resolve(dst), resolve(src), n * sizeof(E));
       ++copies_;
     }
     template <class E>
@@ -99,7 +100,7 @@ struct FakeDevice {
         b = a.allocate(host.size_bytes());
         ++argument_buffers_;
       }
-      std::memcpy(a.blocks[static_cast<std::size_t>(b)].get(), host.data(), host.size_bytes());
+      if (!host.empty()) std::memcpy(a.blocks[static_cast<std::size_t>(b)].get(), host.data(), host.size_bytes());
       ++copies_;
       return {{self, b, 0}, host.size()};
     }
