@@ -59,16 +59,7 @@ Strategy& strategy_with(int replicas) {
 // workers' partials fold in worker order; mean divides once by W*R.
 template <class T>
 std::vector<T> hierarchical_reference(ReduceOp op, int W, int R, const std::vector<std::vector<T>>& inputs) {
-  auto fold = [&](T a, T b) -> T {
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::mean: return static_cast<T>(a + b);
-      case ReduceOp::prod: return static_cast<T>(a * b);
-      case ReduceOp::min: return std::min(a, b);
-      case ReduceOp::max: return std::max(a, b);
-    }
-    return a;
-  };
+  auto fold = [op](T a, T b) { return mirror::test::fold(op, a, b); };
   const std::size_t n = inputs[0].size();
   std::vector<T> out(n);
   for (std::size_t i = 0; i < n; ++i) {

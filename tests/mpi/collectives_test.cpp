@@ -22,6 +22,8 @@
 
 #include "mpi/mpi_world.hpp"
 
+#include "support/reference.hpp"
+
 namespace {
 
 using Cluster = mirror::devices::Cluster<mirror::devices::Threads>;
@@ -69,17 +71,7 @@ std::vector<T> input_vector(int g, std::size_t n, ReduceOp op) {
   return v;
 }
 
-template <class T>
-T fold(ReduceOp op, T a, T b) {
-  switch (op) {
-    case ReduceOp::sum:
-    case ReduceOp::mean: return static_cast<T>(a + b);
-    case ReduceOp::prod: return static_cast<T>(a * b);
-    case ReduceOp::min: return std::min(a, b);
-    case ReduceOp::max: return std::max(a, b);
-  }
-  return a;
-}
+using mirror::test::fold;
 
 // The serial loop over the global replicas 0..N-1 in order; `hierarchical` folds each worker's
 // R replicas first and then the workers in worker order (Hierarchical's order with
@@ -106,7 +98,7 @@ std::vector<T> reference(ReduceOp op, int W, int R, std::size_t n, bool hierarch
 
 template <class T>
 bool same_bits(std::span<const T> a, std::span<const T> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+  return a.size() == b.size() && mirror::test::same_bits(a.data(), b.data(), a.size());
 }
 
 template <class T>

@@ -56,22 +56,27 @@ std::vector<T> input_vector(ReduceOp op, int r, std::size_t n) {
   return v;
 }
 
+/// One step of a serial reference: `a op b` (`mean` sums; the caller divides once), with plain
+/// C++ arithmetic and std::min / std::max (the references' inputs hold no NaN or signed zero).
+template <class T>
+T fold(ReduceOp op, T a, T b) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::mean: return static_cast<T>(a + b);
+    case ReduceOp::prod: return static_cast<T>(a * b);
+    case ReduceOp::min: return std::min(a, b);
+    case ReduceOp::max: return std::max(a, b);
+  }
+  return a;
+}
+
 /// The serial reference: acc = x_0; acc = acc op x_r for r = 1..R-1; mean divides by R with `/`.
 template <class T>
 std::vector<T> serial_reference(ReduceOp op, int replicas, std::size_t n) {
   std::vector<T> out(std::min(n, input_period));
   for (std::size_t i = 0; i < out.size(); ++i) {
     T acc = input_value<T>(op, 0, i);
-    for (int r = 1; r < replicas; ++r) {
-      const T v = input_value<T>(op, r, i);
-      switch (op) {
-        case ReduceOp::sum:
-        case ReduceOp::mean: acc = static_cast<T>(acc + v); break;
-        case ReduceOp::prod: acc = static_cast<T>(acc * v); break;
-        case ReduceOp::min: acc = std::min(acc, v); break;
-        case ReduceOp::max: acc = std::max(acc, v); break;
-      }
-    }
+    for (int r = 1; r < replicas; ++r) acc = fold(op, acc, input_value<T>(op, r, i));
     if (op == ReduceOp::mean) acc = static_cast<T>(acc / static_cast<T>(replicas));
     out[i] = acc;
   }

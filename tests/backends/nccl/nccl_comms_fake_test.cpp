@@ -19,6 +19,7 @@
 #include <mirror/detail/replica_rows.hpp>
 #include <mirror/error.hpp>
 #include "support/fake_nccl.hpp"
+#include "support/reference.hpp"
 
 namespace nccl = mirror::nccl::impl;
 using mirror::ReduceOp;
@@ -250,16 +251,7 @@ T input(int r, std::size_t k, std::size_t i) {
 template <class T>
 T reference(ReduceOp op, int N, std::size_t k, std::size_t i) {
   T acc = input<T>(0, k, i);
-  for (int r = 1; r < N; ++r) {
-    const T x = input<T>(r, k, i);
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::mean: acc = static_cast<T>(acc + x); break;
-      case ReduceOp::prod: acc = static_cast<T>(acc * x); break;
-      case ReduceOp::min: acc = x < acc ? x : acc; break;
-      case ReduceOp::max: acc = acc < x ? x : acc; break;
-    }
-  }
+  for (int r = 1; r < N; ++r) acc = mirror::test::fold(op, acc, input<T>(r, k, i));
   return op == ReduceOp::mean ? static_cast<T>(acc / static_cast<T>(N)) : acc;
 }
 
