@@ -60,9 +60,7 @@ struct Hierarchical {
   /// local replica of every worker: the three steps above.
   template <class Rt, class E>
   void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
-    static_assert(detail::spans_workers<Rt> && Rt::host_addressable,
-                  "mirror::ops::Hierarchical needs devices::Cluster<devices::Threads> (replicas in several "
-                  "processes, host memory); in one process use default_ops_t<Device>");
+    require_cluster_of_threads<Rt>();
     Rt& rt = c.runtime();
     detail::worker_group& g = *rt.workers();
     if (g.num_workers() == 1) {
@@ -113,9 +111,7 @@ struct Hierarchical {
   template <class Rt, class E>
   void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
                       const detail::segment_list<Rt, E>& out) const {
-    static_assert(detail::spans_workers<Rt> && Rt::host_addressable,
-                  "mirror::ops::Hierarchical needs devices::Cluster<devices::Threads> (replicas in several "
-                  "processes, host memory); in one process use default_ops_t<Device>");
+    require_cluster_of_threads<Rt>();
     Rt& rt = c.runtime();
     detail::worker_group& g = *rt.workers();
     const int self = c.self(), R = c.num_replicas(), W = g.num_workers();
@@ -219,9 +215,7 @@ struct Hierarchical {
   template <class Rt, class E>
   void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
                   std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const {
-    static_assert(detail::spans_workers<Rt> && Rt::host_addressable,
-                  "mirror::ops::Hierarchical needs devices::Cluster<devices::Threads> (replicas in several "
-                  "processes, host memory); in one process use default_ops_t<Device>");
+    require_cluster_of_threads<Rt>();
     Rt& rt = c.runtime();
     detail::worker_group& g = *rt.workers();
     const int self = c.self(), R = c.num_replicas(), W = g.num_workers();
@@ -260,6 +254,14 @@ struct Hierarchical {
   }
 
  private:
+  // Every collective of the policy: what it works on.
+  template <class Rt>
+  static constexpr void require_cluster_of_threads() {
+    static_assert(detail::spans_workers<Rt> && Rt::host_addressable,
+                  "mirror::ops::Hierarchical needs devices::Cluster<devices::Threads> (replicas in several "
+                  "processes, host memory); in one process use default_ops_t<Device>");
+  }
+
   template <class Rt, class E>
   void cross_step(Rt& rt, detail::worker_group& g, ReduceOp op, const detail::segment_list<Rt, E>& s,
                   bool checked) const {
