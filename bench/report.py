@@ -136,6 +136,21 @@ def main():
     def ratio(num, den):
         return None if num is None or den is None or den == 0 else num / den
 
+    def against_default(verb, impls, R, b):
+        """The default's time, and a table cell per impl: its time, and for the others the ratio to
+        the default's in brackets ('' where it was not measured)."""
+        base = t(verb, 'default', R, b)
+        cells = []
+        for impl in impls:
+            x = t(verb, impl, R, b)
+            if x is None:
+                cells.append('')
+            elif impl == 'default':
+                cells.append(fmt_time(x))
+            else:
+                cells.append(f'{fmt_time(x)} ({fmt_ratio(ratio(x, base))})')
+        return base, cells
+
     def gs_bw(verb, impl, replicas, nbytes):
         """Bytes moved per second (gs_moved) of a gather_scatter_bench figure."""
         x = t(verb, impl, replicas, nbytes)
@@ -270,16 +285,7 @@ def main():
     w('|---|---|' + '---|' * len(impls) + '---|---|')
     keys = sorted({(k[3], k[4]) for k in times if k[0] == 'all_reduce' and k[2] == 'float'})
     for R, b in keys:
-        base = t('all_reduce', 'default', R, b)
-        cells = []
-        for impl in impls:
-            x = t('all_reduce', impl, R, b)
-            if x is None:
-                cells.append('')
-            elif impl == 'default':
-                cells.append(fmt_time(x))
-            else:
-                cells.append(f'{fmt_time(x)} ({fmt_ratio(ratio(x, base))})')
+        base, cells = against_default('all_reduce', impls, R, b)
         busbw = None if base is None else b / base * 2 * (R - 1) / R
         w(f'| {R} | {fmt_bytes(b)} | ' + ' | '.join(cells) + f' | {fmt_bw(busbw)} | {sp("all_reduce", "default", R, b)} |')
     w('')
@@ -344,16 +350,7 @@ def main():
         w('|---|---|---|' + '---|' * len(gs_impls) + '---|---|---|---|---|---|')
         for verb, R, b in gs_keys:
             hand, bound = ('hand_blocked', 'in_place') if verb == 'reduce_scatter' else ('hand_memcpy', 'copy')
-            base = t(verb, 'default', R, b)
-            cells = []
-            for impl in gs_impls + [hand, bound]:
-                x = t(verb, impl, R, b)
-                if x is None:
-                    cells.append('')
-                elif impl == 'default':
-                    cells.append(fmt_time(x))
-                else:
-                    cells.append(f'{fmt_time(x)} ({fmt_ratio(ratio(x, base))})')
+            base, cells = against_default(verb, gs_impls + [hand, bound], R, b)
             d_bw, b_bw = gs_bw(verb, 'default', R, b), gs_bw(verb, bound, R, b)
             of = ratio(d_bw, b_bw)
             w(f'| {verb} | {R} | {fmt_bytes(b)} | ' + ' | '.join(cells) +
