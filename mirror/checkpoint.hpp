@@ -316,6 +316,9 @@ void restore_from(std::string_view file, const std::string& path, Vars&... vars)
 template <class S, class... Vars>
 void save(S& strategy, const std::string& path, const Vars&... vars) {
   detail::worker_group* g = detail::group_of(strategy);
+  // Every worker agrees that this is a save before the chief writes anything (a worker making
+  // another call instead is a shape_error on every worker, with no file written).
+  if (g != nullptr) g->check_broadcast(nullptr, 0, 0, "mirror::save");
   std::vector<char> bytes(sizeof(detail::checkpoint_header));  // written by seal_checkpoint
   (detail::serialise_variable(bytes, vars), ...);  // collective for sync-on-read variables
   std::string status;

@@ -257,6 +257,19 @@ class ReplicaContext {
       const int root = from / local;
       const std::uint64_t sequence = ++sequence_;
       detail::current_position = {sequence, detail::collective_kind::broadcast, from};
+      {
+        // Nothing is written until every replica of every worker agrees on the call.
+        constexpr std::size_t K = detail::leaf_count<N>();
+        std::array<std::size_t, K> shape{};
+        std::size_t k = 0;
+        detail::for_each_leaf(
+            [&](auto& l) {
+              using L = std::remove_cvref_t<decltype(l)>;
+              shape[k++] = leaf_traits<L>::resizable ? detail::any_size : leaf_traits<L>::elements(l).size();
+            },
+            result);
+        strategy_->check_broadcast(self_, make_header<N>(detail::collective_kind::broadcast, from, shape, sequence), root);
+      }
       if (strategy_->worker_index() == root) result = local_broadcast(std::move(result), from % local, sequence);
       strategy_->cross_broadcast(self_, result, root);
       return detail::access::synced(local_broadcast(std::move(result), 0, sequence));

@@ -355,7 +355,7 @@ class Strategy {
       // of every replica of every worker, so ragged batches weigh right.
       detail::reduce_axis0_into<T>(detail::cross_op(op), out, ptrs);
       detail::worker_group& g = *rt_.workers();
-      detail::all_reduce_nest(g, out, detail::cross_op(op), 1, "mirror::Strategy::reduce(axis0)");
+      detail::all_reduce_nest(g, out, op, 0, "mirror::Strategy::reduce(axis0)");
       if (op == ReduceOp::mean) {
         constexpr std::size_t K = detail::leaf_count<R>();
         std::array<std::int64_t, K> counts{};
@@ -946,6 +946,17 @@ class Strategy {
   }
 
   void end_merge(int self) { rt_.barrier(self); }
+
+  /// Before ReplicaContext::broadcast writes anything on a multi-worker strategy: the local
+  /// replicas check that they agree (`header`: the call, the global source, the sizes of the
+  /// leaves that cannot resize), then replica 0 of every worker checks the same across workers.
+  /// A disagreement is a shape_error on every replica of every worker (a local one reaches the
+  /// other workers through report_failure) before any buffer changes.
+  void check_broadcast(int self, const detail::collective_header& header, int root) {
+    detail::collective<runtime_type> c(rt_, self, &header);
+    c.barrier();
+    if (self == 0) rt_.workers()->check_broadcast(header.sizes, header.num_leaves, root, "mirror::ReplicaContext::broadcast");
+  }
 
   /// The cross-worker part of ReplicaContext::broadcast: worker `root`'s replica 0 sends to every
   /// worker's replica 0. The other replicas wait in the local broadcast that follows.

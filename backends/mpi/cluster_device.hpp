@@ -88,6 +88,11 @@ struct Cluster {
       // write into it (a posted collective cannot be cancelled), so it lives as long as the
       // strategy, never trimmed between calls.
       if constexpr (requires(runtime_t<Local>& r) { r.keep_scratch(); }) this->keep_scratch();
+      // Local errors (a mismatch, a replica that never arrived) name global replicas, as the
+      // other workers' copies of them do.
+      if constexpr (requires(runtime_t<Local>& r) { r.number_replicas_from(0); }) {
+        this->number_replicas_from(group_->worker_index() * runtime_t<Local>::num_replicas());
+      }
     }
 
     /// The cross-worker collectives (never null).

@@ -28,9 +28,10 @@ namespace mirror::ops {
 /// 3. `mean` divides once, by W*R (also for integers: [0,1 | 1,2] has mean 1, never the
 ///    staged 0); the other local replicas copy replica 0's result.
 ///
-/// Before step 1, replica 0 checks across workers that every worker reduces the same count,
-/// element type and op (`Cluster{.validate_shapes}`), so a mismatch is a `shape_error` on every
-/// worker before any value changes (with R = 1, in the same hand-off as step 2).
+/// Before step 1, the local replicas check that they agree, then replica 0 checks across workers
+/// that every worker makes the same call with the same count, element type and op
+/// (`Cluster{.validate_shapes}`), so a mismatch anywhere is a `shape_error` on every worker before
+/// any value changes (with R = 1, in the same hand-off as step 2).
 ///
 /// **Bits**: local phase in replica order, then MPI's order over workers: the same bits for the
 /// same inputs, W, R, policy and MPI configuration. With `Cross = MpiAllReduce{.deterministic =
@@ -74,7 +75,13 @@ struct Hierarchical {
     // rides in the same hand-off to the communication thread as the data (one wake-up per
     // all-reduce instead of two); with several, it must finish before the local phase.
     const bool check_apart = c.num_replicas() > 1;
-    if (self == 0 && check_apart) g.check_all_reduce(s.total, detail::element_kind_of<E>(), detail::cross_op(op), "mirror::ReplicaContext::all_reduce");
+    if (check_apart) {
+      // The local agreement first (a checked barrier), then the cross-worker one, then the local
+      // phase that writes: a mismatch among one worker's replicas reaches the others while they
+      // wait in their cross check, before any of their buffers changes.
+      c.barrier();
+      if (self == 0) g.check_all_reduce(s.total, detail::element_kind_of<E>(), op, "mirror::ReplicaContext::all_reduce");
+    }
     local.all_reduce(c, detail::cross_op(op), s);
     const std::size_t n = static_cast<std::size_t>(g.num_workers()) * static_cast<std::size_t>(c.num_replicas());
     if (self == 0) {
@@ -160,7 +167,7 @@ struct Hierarchical {
       // there is one, else through the scratch (the cross step may write over what it read).
       if (K == 1) {
         g.reduce_scatter(in.leaves[0], in.sizes.data(), 1, out.leaves[0], detail::element_kind_of<E>(),
-                         detail::cross_op(op), what);
+                         op, what);
       } else {
         E* packed = rt.template scratch<E>(self, in.total);
         std::size_t at = 0;
@@ -168,7 +175,7 @@ struct Hierarchical {
           std::copy(in.leaves[k], in.leaves[k] + in.sizes[k], packed + at);
           at += in.sizes[k];
         }
-        g.reduce_scatter(packed, in.sizes.data(), K, packed, detail::element_kind_of<E>(), detail::cross_op(op), what);
+        g.reduce_scatter(packed, in.sizes.data(), K, packed, detail::element_kind_of<E>(), op, what);
         at = 0;
         for (std::size_t k = 0; k < K; ++k) {
           std::copy(packed + at, packed + at + out.sizes[k], out.leaves[k]);
@@ -181,8 +188,7 @@ struct Hierarchical {
       return;
     }
     if (self == 0) {
-      g.reduce_scatter(local_result, in.sizes.data(), K, local_result, detail::element_kind_of<E>(),
-                       detail::cross_op(op), what);
+      g.reduce_scatter(local_result, in.sizes.data(), K, local_result, detail::element_kind_of<E>(), op, what);
     }
     struct post {
       const E* range;  // replica 0's: the worker's range of every leaf, leaf after leaf
@@ -224,6 +230,13 @@ struct Hierarchical {
     struct post {
       const typename detail::segment_list<Rt, E>::pointer* leaves;  // replica 0's output leaves
     };
+    // The lengths were gathered and checked; the element type was not, across workers (a float
+    // leaf on one and a double on another would exchange blocks of different bytes). Checked
+    // before anything is copied: the other replicas wait in the exchange below meanwhile.
+    if (self == 0 && W > 1) {
+      g.check_all_reduce(out.total, detail::element_kind_of<E>(), ReduceOp::sum,
+                         "mirror::ReplicaContext::all_gather (the element types across workers)");
+    }
     // (Kept: the exchange's result is valid only until this replica's next barrier.)
     const auto* const first_leaves = c.exchange(post{out.leaves.data()})[0].leaves;
     for (std::size_t k = 0; k < K; ++k) {
@@ -233,10 +246,6 @@ struct Hierarchical {
     }
     if (R > 1) c.barrier();
     if (self == 0 && W > 1) {
-      // The lengths were gathered and checked; the element type was not, across workers (a
-      // float leaf on one and a double on another would exchange blocks of different bytes).
-      g.check_all_reduce(out.total, detail::element_kind_of<E>(), ReduceOp::sum,
-                         "mirror::ReplicaContext::all_gather (the element types across workers)");
       std::vector<std::size_t> per_worker(static_cast<std::size_t>(W) * K, 0);
       for (std::size_t q = 0; q < N; ++q) {
         for (std::size_t k = 0; k < K; ++k) per_worker[q / static_cast<std::size_t>(R) * K + k] += counts[q * K + k];
@@ -266,7 +275,7 @@ struct Hierarchical {
   void cross_step(Rt& rt, detail::worker_group& g, ReduceOp op, const detail::segment_list<Rt, E>& s,
                   bool checked) const {
     if (s.leaves.size() == 1) {
-      cross.all_reduce(g, s.leaves[0], s.total, detail::cross_op(op), checked);
+      cross.all_reduce(g, s.leaves[0], s.total, op, checked);
       return;
     }
     E* staging = rt.template scratch<E>(0, s.total);
@@ -275,7 +284,7 @@ struct Hierarchical {
       std::copy(s.leaves[k], s.leaves[k] + s.sizes[k], staging + at);
       at += s.sizes[k];
     }
-    cross.all_reduce(g, staging, s.total, detail::cross_op(op), checked);
+    cross.all_reduce(g, staging, s.total, op, checked);
     at = 0;
     for (std::size_t k = 0; k < s.leaves.size(); ++k) {
       std::copy(staging + at, staging + at + s.sizes[k], s.leaves[k]);

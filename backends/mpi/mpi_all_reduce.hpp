@@ -33,7 +33,8 @@ struct MpiAllReduce {
 
   friend bool operator==(const MpiAllReduce&, const MpiAllReduce&) = default;
 
-  /// Every worker's `data[0..n)` becomes the reduction over workers with `op` (never `mean`).
+  /// Every worker's `data[0..n)` becomes the reduction over workers with `op` (`mean`: the sum,
+  /// which the caller divides; passed as `mean` so that it never pairs with a `sum`).
   template <class E>
   void all_reduce(detail::worker_group& g, E* data, std::size_t n, ReduceOp op, bool checked) const {
     g.all_reduce(data, n, detail::element_kind_of<E>(), op, "mirror::ReplicaContext::all_reduce (cross-worker step)",

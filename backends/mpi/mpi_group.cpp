@@ -34,6 +34,7 @@
 #if defined(__linux__)
 #include <sched.h>
 #endif
+#include <mirror/concepts/device.hpp>  // detail::collective_cancelled_rethrow_me
 #include <mirror/detail/collective.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/replica_rows.hpp>
@@ -254,6 +255,7 @@ struct group::impl {
     bool checked;
     std::exception_ptr error;
     bool in_worker_order = false;  // reduce: fold the workers' values in worker order (see reduce_in_worker_order)
+    bool checks_broadcast = false;  // check: of a broadcast from `root` of leaves `sizes` (check_broadcast)
     // The caller's collective of fn (detail::current_position, read on the caller's thread), for
     // messages; sequence 0 outside fn (then `what` names the API).
     detail::collective_position position{};
@@ -411,10 +413,16 @@ struct group::impl {
   // worker alike (runs are collective), so a failure names the run it ended and a job tells that
   // run's collectives from later ones. Written by the caller; jobs carry it to this thread.
   std::atomic<std::int64_t> phase{0};
+  // What kind of error the failed run's first failure was: the other workers throw the same
+  // kind (a mismatch or a missing replica inside one worker is a shape_error or timeout_error
+  // on every worker, not a replica_error).
+  enum failure_kind : std::int64_t { failed_in_fn = 0, failed_shape = 1, failed_timeout = 2 };
   struct failure_info {
     std::int64_t phase = -1;  // the failed run's phase; -1: none yet
     int replica = -1;         // the global replica whose fn threw (the lowest known)
     std::string text;         // what it threw
+    std::int64_t kind = failed_in_fn;
+    std::vector<int> missing;  // failed_timeout: the global replicas that did not arrive
   };
   failure_info failure;  // the latest failed run (guarded by mutex)
   std::atomic<std::int64_t> local_failed_phase{-1};  // report_failure's news for this thread
@@ -585,6 +593,9 @@ struct group::impl {
           j.kind == job::check || (validate && !((j.kind == job::reduce || j.kind == job::gather) && j.checked));
       if (check_first) agree(j);
       if (j.kind == job::check) return;
+      // An empty payload still waits for every worker (MPI completes an empty collective at
+      // once, alone): a worker whose run failed before this collective must fail it here too.
+      if ((j.kind == job::reduce || j.kind == job::bcast || j.kind == job::scatter) && j.count == 0) return sync(j);
       if (j.kind == job::scatter) return scatter(j);
       if (j.kind == job::gather) return gather(j);
       if (j.kind == job::counts) return gather_counts(j);
@@ -666,6 +677,18 @@ struct group::impl {
                           &request),
           "MPI_Iallgatherv (in worker order)", j.what);
     wait(request, j.what);
+  }
+
+  /// A collective of nothing that still completes only once every worker has posted it: one
+  /// int64 all-reduce (max), in place of an empty payload.
+  void sync(job& j) {
+    auto word = std::make_unique<std::int64_t[]>(1);
+    word[0] = 0;
+    log_post(post_allreduce, 1, code_of(int64_kind), static_cast<std::int64_t>(ReduceOp::max));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(MPI_IN_PLACE, word.get(), 1, MPI_INT64_T, MPI_MAX, data, &request),
+          "MPI_Iallreduce (empty collective)", j.what);
+    wait_keeping(request, j.what, word);
   }
 
   /// Worker p's range of each of the `K` leaves of `sizes` in a reduce-scatter over the W*R
@@ -781,7 +804,7 @@ struct group::impl {
       for (std::size_t k = 0; k < K; ++k) per[p] += counts[p * K + k] * bytes;
     }
     const std::size_t block = *std::max_element(per.begin(), per.end());
-    if (block == 0) return;  // nothing anywhere (every worker has the same counts: none posts)
+    if (block == 0) return sync(j);  // nothing anywhere (every worker has the same counts)
     if (block > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
       throw std::invalid_argument(std::string(j.what) + ": " + std::to_string(block) +
                                   " bytes per worker in one cross-worker all-gather exceed MPI's int count; split the "
@@ -849,21 +872,46 @@ struct group::impl {
     for (std::size_t i = 0; i < n * Wn; ++i) all[i] = static_cast<std::size_t>(words[n + i]);
   }
 
+  /// A 64-bit mix of a text (the API a job names): equal texts, equal hashes.
+  static std::uint64_t text_hash(const char* text) noexcept {
+    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (const char* c = text; c != nullptr && *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+    return h;
+  }
+
+  // One worker's description of its collective, gathered only on a mismatch: count, element,
+  // what_kind, flag | leaves << 8, its position in fn (sequence; kind << 32 | param), its phase,
+  // then the API's name (what_words int64, NUL-padded, cut short if longer).
+  static constexpr std::size_t what_words = 10;
+  static constexpr std::size_t description_words = 7 + what_words;
+
   /// The agreement check: {key, -key} under MAX; on a mismatch every worker gathers every
-  /// worker's description and throws the same shape_error.
+  /// worker's description and throws the same error. The key covers what the collective moves
+  /// (count, element type, op or root, leaf sizes) and which call of the program it is: the
+  /// user's collective in fn (its number, kind and op or root, as ReplicaContext numbers them) or
+  /// the cross-replica API outside fn (`what`), and the run (the phase), so that two different
+  /// calls never pair, however alike their payloads (a Strategy::reduce outside run against an
+  /// all_reduce in fn; collective #1 of one run against collective #1 of the next). Phases stay
+  /// equal on every worker: runs are collective, and a disagreement realigns them (resync_phase).
   void agree(job& j) {
     // What the collective is, in one number: an op in worker order is another collective (an
     // all-to-all and an all-gather): +100; a reduce-scatter +200; a broadcast 1000 + its root.
     std::uint64_t what_kind = 0, element = static_cast<std::uint64_t>(j.element.cat) << 8 | j.element.bytes;
     std::int64_t flag = 0;  // how the message describes it
-    switch (j.kind) {
+    switch (j.checks_broadcast ? job::bcast : j.kind) {
       case job::bcast: what_kind = 1000 + static_cast<std::uint64_t>(j.root), element = 0, flag = 1; break;
       case job::scatter: what_kind = 200 + static_cast<std::uint64_t>(j.op) + (j.in_worker_order ? 100 : 0), flag = 2; break;
       case job::gather: what_kind = 500, flag = 3; break;
       case job::counts: what_kind = 600, element = 0, flag = 4; break;
       default: what_kind = static_cast<std::uint64_t>(j.op) + (j.in_worker_order ? 100 : 0); break;
     }
+    const std::uint64_t call = static_cast<std::uint64_t>(j.position.kind) << 32 |
+                               static_cast<std::uint32_t>(j.position.param);
     std::int64_t key = agreement_key(j.count, element, what_kind);
+    key = agreement_key(static_cast<std::uint64_t>(key), j.position.sequence, call);
+    // And the run: the phase (odd inside a run, even between runs) tells a worker still in run n
+    // from one that returned from it and is in run n + 1 at the same collective number.
+    key = agreement_key(static_cast<std::uint64_t>(key), text_hash(j.what), static_cast<std::uint64_t>(j.phase));
     if (j.sizes != nullptr) {
       // Each leaf's size (or each worker's count of each leaf) must agree too, not only the sum.
       const std::size_t n = j.kind == job::gather ? j.num_sizes * static_cast<std::size_t>(W) : j.num_sizes;
@@ -879,51 +927,126 @@ struct group::impl {
           "MPI_Iallreduce (agreement check)", j.what);
     wait_keeping(request, j.what, both);
     if (both[0] == -both[1]) return;
-    // Mine (4 values), then every worker's.
-    auto gathered = std::make_unique<std::int64_t[]>(4 + 4 * static_cast<std::size_t>(W));
+    // Mine, then every worker's.
+    constexpr std::size_t D = description_words;
+    auto gathered = std::make_unique<std::int64_t[]>(D + D * static_cast<std::size_t>(W));
     std::int64_t* const mine = gathered.get();
-    const std::int64_t* const all = mine + 4;
+    const std::int64_t* const all = mine + D;
     mine[0] = static_cast<std::int64_t>(j.count);
     mine[1] = static_cast<std::int64_t>(element);
     mine[2] = static_cast<std::int64_t>(what_kind);
     mine[3] = flag | static_cast<std::int64_t>(j.num_sizes) << 8;
-    log_post(post_allgather_words, 4, code_of(int64_kind), 0);
-    check(MPI_Iallgather(mine, 4, MPI_INT64_T, mine + 4, 4, MPI_INT64_T, data, &request),
+    mine[4] = static_cast<std::int64_t>(j.position.sequence);
+    mine[5] = static_cast<std::int64_t>(call);
+    mine[6] = phase.load(std::memory_order_relaxed);
+    std::strncpy(reinterpret_cast<char*>(mine + 7), j.what != nullptr ? j.what : "", what_words * sizeof(std::int64_t) - 1);
+    log_post(post_allgather_words, D, code_of(int64_kind), 0);
+    check(MPI_Iallgather(mine, static_cast<int>(D), MPI_INT64_T, mine + D, static_cast<int>(D), MPI_INT64_T, data,
+                         &request),
           "MPI_Iallgather (agreement check)", j.what);
     wait_keeping(request, j.what, gathered);
-    std::string text = "mirror: " + where + ": the workers disagree on a cross-worker collective:";
+    throw_disagreement(all);
+  }
+
+  /// The error of a failed agreement check, from every worker's description (`all`, W of
+  /// description_words): the same text and type on every worker. Every worker also aligns its
+  /// phase with the others' (resync_phase), so that a worker that made a call outside run while
+  /// the others ran fn still tells the same runs apart afterwards.
+  [[noreturn]] void throw_disagreement(const std::int64_t* all) {
+    constexpr std::size_t D = description_words;
+    const auto desc = [&](int p) { return &all[D * static_cast<std::size_t>(p)]; };
+    const auto replicas_of = [&](int p) {
+      return "replicas " + std::to_string(p * R) + ".." + std::to_string(p * R + R - 1);
+    };
+    // Where each worker is: what its cross-worker step moves, then the user's call.
+    std::string table;
     bool described_alike = true;
     for (int p = 0; p < W; ++p) {
-      const std::int64_t* d = &all[4 * static_cast<std::size_t>(p)];
-      described_alike = described_alike && std::equal(d, d + 4, all);
-      text += (p == 0 ? " " : "; ") + std::string("worker ") + std::to_string(p) + " (replicas " +
-              std::to_string(p * R) + ".." + std::to_string(p * R + R - 1) + ") ";
+      const std::int64_t* d = desc(p);
+      described_alike = described_alike && std::equal(d, d + 6, desc(0)) && std::equal(d + 7, d + D, desc(0) + 7);
+      table += (p == 0 ? " " : "; ") + std::string("worker ") + std::to_string(p) + " (" + replicas_of(p) + ") ";
       const detail::element_kind k{static_cast<detail::element_kind::category>(d[1] >> 8),
                                    static_cast<std::uint8_t>(d[1] & 0xff)};
       const std::string leaves = " in " + std::to_string(d[3] >> 8) + " leaves";
       const std::string order = (d[2] % 200) >= 100 ? " in worker order (MpiAllReduce{.deterministic = true})" : "";
       switch (d[3] & 0xff) {
-        case 1: text += "broadcasts " + std::to_string(d[0]) + " bytes from worker " + std::to_string(d[2] - 1000); break;
-        case 2:
-          text += "reduce-scatters " + std::to_string(d[0]) + " " + kind_name(k) + " elements" + leaves + " with " +
-                  std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) + order;
+        case 1:
+          table += "broadcasts " + (d[0] != 0 ? std::to_string(d[0]) + " bytes " : std::string()) + "from worker " +
+                   std::to_string(d[2] - 1000);
           break;
-        case 3: text += "all-gathers " + std::to_string(d[0]) + " bytes of " + kind_name(k) + " elements" + leaves; break;
-        case 4: text += "all-gathers " + std::to_string(d[0]) + " counts per worker"; break;
+        case 2:
+          table += "reduce-scatters " + std::to_string(d[0]) + " " + kind_name(k) + " elements" + leaves + " with " +
+                   std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) + order;
+          break;
+        case 3: table += "all-gathers " + std::to_string(d[0]) + " bytes of " + kind_name(k) + " elements" + leaves; break;
+        case 4: table += "all-gathers " + std::to_string(d[0]) + " counts per worker"; break;
         default:
-          text += "reduces " + std::to_string(d[0]) + " " + kind_name(k) + " elements with " +
-                  std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) + order;
+          table += "reduces " + std::to_string(d[0]) + " " + kind_name(k) + " elements with " +
+                   std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) + order;
+      }
+      std::string what(reinterpret_cast<const char*>(d + 7), what_words * sizeof(std::int64_t));
+      what.resize(std::strlen(what.c_str()));
+      const auto call_kind = static_cast<detail::collective_kind>(static_cast<std::uint64_t>(d[5]) >> 32);
+      const auto call_param = static_cast<int>(static_cast<std::uint32_t>(static_cast<std::uint64_t>(d[5])));
+      if (d[4] == 0) {
+        table += ", in " + what + " called outside fn";
+      } else {
+        table += ", at collective #" + std::to_string(d[4]) + " (" + detail::to_string(call_kind, call_param).text +
+                 ") of fn (" + what + ")";
       }
     }
-    if (described_alike) text += "; the sizes of individual leaves differ between the workers";
-    text += "; every replica of every worker must make the same collective calls with leaves of the same sizes";
-    auto e = std::make_exception_ptr(shape_error(text));
+    // Phases: odd inside a run. Workers ahead of one that is inside a run have returned from that
+    // run's fn without reaching the collective it waits in (a worker whose every replica
+    // returned early has nobody local to notice): a timeout_error naming them, as within a worker.
+    std::int64_t lowest = desc(0)[6];
+    for (int p = 1; p < W; ++p) lowest = std::min(lowest, desc(p)[6]);
+    std::vector<int> missing;
+    std::string ahead, behind;
+    for (int p = 0; p < W; ++p) {
+      std::string& list = desc(p)[6] > lowest ? ahead : behind;
+      list += (list.empty() ? "" : ", ") + std::to_string(p);
+      if (desc(p)[6] > lowest) {
+        for (int r = 0; r < R; ++r) missing.push_back(p * R + r);
+      }
+    }
+    resync_phase(all);
+    std::exception_ptr e;
+    if ((lowest & 1) != 0 && !missing.empty()) {
+      std::string names;
+      for (const int m : missing) names += (names.empty() ? "" : ", ") + std::to_string(m);
+      e = std::make_exception_ptr(timeout_error(
+          "mirror: replicas {" + names + "} (workers " + ahead + ") returned from fn without reaching the collective "
+          "that workers " + behind + " wait in, and made a later call:" + table +
+          "; every replica of every worker must make the same collective calls",
+          missing));
+    } else {
+      std::string text = "mirror: the workers disagree on a cross-worker collective:" + table;
+      if (described_alike) text += "; the sizes of individual leaves differ between the workers";
+      text += "; every replica of every worker must make the same collective calls, in the same order, with leaves "
+              "of the same sizes";
+      e = std::make_exception_ptr(shape_error(text));
+    }
     {
       std::lock_guard lock(mutex);
       symmetric.push_back(e);
       if (symmetric.size() > 16) symmetric.erase(symmetric.begin());
     }
     std::rethrow_exception(e);
+  }
+
+  /// After a failed agreement check: moves this worker's phase to where the others' will be once
+  /// every worker's current call has ended (a run ends on an even phase), so that phases keep
+  /// naming the same runs on every worker. Runs on the communication thread while the caller
+  /// waits for this job, so nothing else advances the phase meanwhile.
+  void resync_phase(const std::int64_t* all) {
+    std::int64_t target = 0;
+    for (int p = 0; p < W; ++p) {
+      const std::int64_t ph = all[description_words * static_cast<std::size_t>(p) + 6];
+      target = std::max(target, ph + (ph & 1));
+    }
+    const std::int64_t now = phase.load(std::memory_order_relaxed);
+    const std::int64_t want = (now & 1) != 0 ? target - 1 : target;
+    if (want > now) phase.store(want, std::memory_order_relaxed);
   }
 
   /// wait(), and when it gives up, `buffer` (the request's) is kept alive for the rest of the
@@ -1008,6 +1131,8 @@ struct group::impl {
   /// broken and tells the peers (so a late worker fails at its next collective, not after
   /// its own timeout).
   [[noreturn]] void time_out(clock::time_point start, const char*) {
+    // The wait itself, measured before the peers are asked (asking takes up to 5 s more).
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
     const std::int64_t seq = sequence;
     asked = seq;
     replies.assign(static_cast<std::size_t>(W), -1);
@@ -1039,12 +1164,23 @@ struct group::impl {
     }
     std::string names;
     for (int m : missing) names += (names.empty() ? "" : ", ") + std::to_string(m);
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
-    std::string text = "mirror: worker " + std::to_string(w) + " waited " + std::to_string(waited) + " ms in " + where;
-    if (remote && remote->why == broken_state::timeout) text += " until worker " + std::to_string(remote->replica / R) + " gave up";
-    text += "; replicas {" + names + "} did not arrive";
-    if (!late.empty()) text += " (late workers: " + late + ")";
-    if (!unreachable.empty()) text += " (no answer from workers " + unreachable + ": dead or unreachable)";
+    const auto limit = static_cast<long long>(timeout.count());
+    std::string text = "mirror: worker " + std::to_string(w);
+    if (remote && remote->why == broken_state::timeout) {
+      text += " waited " + std::to_string(waited) + " ms in " + where + " until worker " +
+              std::to_string(remote->replica / R) + " gave up waiting for it";
+    } else {
+      text += " waited for the timeout of " + std::to_string(limit) + " ms (devices::Cluster{.timeout})";
+      // A wait restarts after a recovery from another worker's failure; say so when it shows.
+      if (waited > limit + limit / 10 + 100) text += " (" + std::to_string(waited) + " ms in all, with a recovery)";
+      text += " in " + where;
+    }
+    text += "; replicas {" + names + "} did not reach this collective";
+    if (!late.empty()) text += " (workers " + late + " answered: they are at an earlier collective or computing)";
+    if (!unreachable.empty()) {
+      text += " (workers " + unreachable + " did not answer within " +
+              std::to_string(std::min<long long>(limit, 5000)) + " ms either: busy outside mirror, or gone)";
+    }
     if (missing.empty()) text += " (every worker says it arrived: the network is slow or partitioned)";
     text += "; raise devices::Cluster{.timeout} if they are just slow";
     announce(notice_timeout, w * R, seq, text);
@@ -1101,11 +1237,20 @@ struct group::impl {
     if (failed > drained && failed > pending) pending = failed;
   }
 
+  /// Ends a job of the failed run. On the worker where the failure happened its replica's own
+  /// exception is what the run reports (with the original nested): the job is only cancelled, as
+  /// the local runtime cancels the other replicas. Elsewhere the job throws the failure's kind
+  /// with its text: a replica_error (message only; the original exception stays on its worker),
+  /// or the same shape_error or timeout_error (with the same missing replicas).
   [[noreturn]] void throw_failure() {
     std::lock_guard lock(mutex);
     const int from = failure.replica / R;
-    throw replica_error(failure.replica,
-                        from == w ? failure.text : "worker " + std::to_string(from) + ": " + failure.text);
+    if (from == w) throw detail::collective_cancelled_rethrow_me{};
+    switch (failure.kind) {
+      case failed_shape: throw shape_error(failure.text);
+      case failed_timeout: throw timeout_error(failure.text, failure.missing);
+      default: throw replica_error(failure.replica, "worker " + std::to_string(from) + ": " + failure.text);
+    }
   }
   void throw_if_failed(std::int64_t ph) {
     bool failed = false;
@@ -1124,17 +1269,24 @@ struct group::impl {
     return sequence;
   }
 
+  // tag_failure's message: head_words int64 {phase, replica, count, n, kind, m}, then n posted_op
+  // records (posted_words each), then m missing replicas (int64 each), then the failure's text.
+  static constexpr std::size_t head_words = 6;
+
   void learn_failure(int from, const std::vector<char>& bytes) {
-    constexpr std::size_t head_words = 4;
-    std::int64_t head[head_words] = {0, 0, 0, 0};
+    std::int64_t head[head_words] = {};
     if (bytes.size() < sizeof head) return;
     std::memcpy(head, bytes.data(), sizeof head);
-    const std::int64_t failed = head[0], n = head[3];
+    const std::int64_t failed = head[0], n = head[3], m = head[5];
     if (failed == leaving) {
       left[static_cast<std::size_t>(from)] = 1;
       return;
     }
-    if (n < 0 || bytes.size() < sizeof head + static_cast<std::size_t>(n) * posted_words * sizeof(std::int64_t)) return;
+    if (n < 0 || m < 0 ||
+        bytes.size() < sizeof head + (static_cast<std::size_t>(n) * posted_words + static_cast<std::size_t>(m)) *
+                                         sizeof(std::int64_t)) {
+      return;
+    }
     status st;
     st.count = head[2];
     const char* at = bytes.data() + sizeof head;
@@ -1143,6 +1295,13 @@ struct group::impl {
       std::memcpy(words, at, sizeof words);
       at += sizeof words;
       st.posts.push_back({words[0], words[1], words[2], words[3], words[4], failed});
+    }
+    std::vector<int> missing(static_cast<std::size_t>(m));
+    for (int& id : missing) {
+      std::int64_t word = 0;
+      std::memcpy(&word, at, sizeof word);
+      at += sizeof word;
+      id = static_cast<int>(word);
     }
     const std::string text(at, bytes.data() + bytes.size());
     if (failed <= drained) return;  // a status of a run already recovered from cannot come: ignore
@@ -1153,7 +1312,7 @@ struct group::impl {
       std::lock_guard lock(mutex);
       const int replica = static_cast<int>(head[1]);
       if (failure.phase < failed || (failure.phase == failed && replica < failure.replica)) {
-        failure = {failed, replica, text};
+        failure = {failed, replica, text, head[4], std::move(missing)};
       }
     }
     if (failed > pending) pending = failed;
@@ -1165,8 +1324,10 @@ struct group::impl {
       std::lock_guard lock(mutex);
       f = failure;
     }
-    const std::int64_t head[4] = {failed, f.replica, mine.count, static_cast<std::int64_t>(mine.posts.size())};
-    std::vector<char> bytes(sizeof head + mine.posts.size() * posted_words * sizeof(std::int64_t) + f.text.size());
+    const std::int64_t head[head_words] = {failed, f.replica, mine.count, static_cast<std::int64_t>(mine.posts.size()),
+                                           f.kind, static_cast<std::int64_t>(f.missing.size())};
+    std::vector<char> bytes(sizeof head + (mine.posts.size() * posted_words + f.missing.size()) * sizeof(std::int64_t) +
+                            f.text.size());
     char* at = bytes.data();
     std::memcpy(at, head, sizeof head);
     at += sizeof head;
@@ -1175,7 +1336,12 @@ struct group::impl {
       std::memcpy(at, words, sizeof words);
       at += sizeof words;
     }
-    std::memcpy(at, f.text.data(), f.text.size());
+    for (const int id : f.missing) {
+      const std::int64_t word = id;
+      std::memcpy(at, &word, sizeof word);
+      at += sizeof word;
+    }
+    if (!f.text.empty()) std::memcpy(at, f.text.data(), f.text.size());
     for (int p = 0; p < W; ++p) {
       if (p != w) send(p, tag_failure, bytes.data(), bytes.size(), nullptr);
     }
@@ -1359,7 +1525,7 @@ struct group::impl {
     try {
       note_local_failure();
       if (pending > drained) recover(pending, nullptr);
-      const std::int64_t head[4] = {leaving, 0, 0, 0};
+      const std::int64_t head[head_words] = {leaving, 0, 0, 0, 0, 0};
       for (int p = 0; p < W; ++p) {
         if (p != w) send(p, tag_failure, head, sizeof head, nullptr);
       }
@@ -1655,6 +1821,17 @@ void group::all_reduce(void* data, std::size_t count, detail::element_kind kind,
   impl_->run(j);
 }
 
+void group::check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what) {
+  if (!impl_->validate) return;
+  impl::job j{impl::job::check, nullptr, 0, {}, ReduceOp::sum, root, what, false, nullptr};
+  j.checks_broadcast = true;
+  j.sizes = shape;
+  j.num_sizes = num_leaves;
+  j.position = detail::current_position;
+  j.phase = impl_->phase.load(std::memory_order_relaxed);
+  impl_->run(j);
+}
+
 void group::broadcast(void* data, std::size_t bytes, int root, const char* what) {
   if (bytes > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
     throw std::invalid_argument(std::string(what) + ": " + std::to_string(bytes) +
@@ -1720,7 +1897,17 @@ void group::report_failure(int global_replica, const std::exception_ptr& failure
     }
     const std::int64_t now = m.phase.load(std::memory_order_relaxed);
     if (m.failure.phase == now) return;  // this run has failed already (here or elsewhere): all are told
-    m.failure = {now, global_replica, what_of(failure)};
+    impl::failure_info f{now, global_replica, what_of(failure), impl::failed_in_fn, {}};
+    try {
+      std::rethrow_exception(failure);
+    } catch (const shape_error&) {
+      f.kind = impl::failed_shape;  // a mismatch among this worker's replicas
+    } catch (const timeout_error& e) {
+      f.kind = impl::failed_timeout;  // a replica of this worker did not reach a collective
+      f.missing = e.missing();
+    } catch (...) {
+    }
+    m.failure = std::move(f);
     m.local_failed_phase.store(now, std::memory_order_release);
   } catch (...) {
     return;  // out of memory while describing: the peers will time out instead

@@ -62,6 +62,14 @@ class runtime {
   /// (devices::Cluster does). May be called while the pool is idle or running.
   void limit_cores(unsigned cores) noexcept;
 
+  ///@{
+  /// The id that messages and `timeout_error::missing()` give local replica 0 (default 0): a
+  /// runtime that is one worker's part of a multi-process strategy (devices::Cluster) numbers
+  /// its replicas globally, w*R + r, as the user sees them.
+  void number_replicas_from(int first) noexcept { first_id_ = first; }
+  int first_replica() const noexcept { return first_id_; }
+  ///@}
+
   /// True on a thread that is running a replica function of this runtime.
   bool in_parallel() const noexcept { return current == this; }
 
@@ -338,6 +346,7 @@ class runtime {
   alignas(64) std::uint64_t next_base_ = 0;  // above every arrival number used so far
   std::uint64_t calls_since_trim_ = 0;        // parallel calls since trim_scratch last looked
   bool trim_ = true;                          // false after keep_scratch()
+  int first_id_ = 0;                          // number_replicas_from
 };
 
 // The members that do not depend on a replica function or an element type: compiled in every
@@ -610,7 +619,7 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
   if (buffer.ids == nullptr) throw std::bad_alloc();
   std::size_t count = 0;
   for (int r = 0; r < n_; ++r) {
-    if (is_missing(r)) buffer.ids[count++] = r;
+    if (is_missing(r)) buffer.ids[count++] = first_id_ + r;
   }
   std::vector<int> missing(buffer.ids, buffer.ids + count);
   // "0, 1, 2": an id takes at most 11 characters, and ", " before it.
@@ -635,7 +644,7 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
                               "reaching; every replica must make the same collective calls"
                             : "mirror: replica %d waited in %s for %llu ms, and replicas {%s} did not reach it; "
                               "raise devices::Threads{.timeout} if they are just slow",
-                       self, where.c_str(), static_cast<unsigned long long>(woke ? 0 : timeout_ns_ / 1'000'000),
+                       first_id_ + self, where.c_str(), static_cast<unsigned long long>(woke ? 0 : timeout_ns_ / 1'000'000),
                        names.c_str()),
         std::move(missing));
   } catch (const timeout_error&) {

@@ -147,10 +147,12 @@ MIRROR_DETAIL_INLINE message describe_position(const char* otherwise) {
 #endif
 
 /// The message for a disagreement. Reads other replicas' frames: call it only while they wait.
-[[gnu::cold]] MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_check>& cs);
+/// Local replica r is named `first + r` (a worker of a multi-process strategy names them globally).
+[[gnu::cold]] MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_check>& cs,
+                                                                 std::size_t first = 0);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_check>& cs) {
+MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_check>& cs, std::size_t first) {
   // Which collective and which nest: from the checks copied into the slots. A replica's own
   // header (`full`, in its frame) is read only once its check names the same collective and
   // nest as replica 0's: then both are in disagree(), held at its barrier. (A slot can hold an
@@ -161,16 +163,17 @@ MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_ch
   for (std::size_t r = 1; r < cs.size(); ++r) {
     const collective_check& c = cs[r];
     if (!same_call(c, c0)) {
-      return format("mirror: replicas disagree on collective #%llu: replica 0 called %s but replica %zu called %s "
+      return format("mirror: replicas disagree on collective #%llu: replica %zu called %s but replica %zu called %s "
                     "(its collective #%llu); every replica must make the same collective calls in the same order",
-                    seq0, call0.text, r, to_string(c.kind, c.param).text, static_cast<unsigned long long>(c.sequence));
+                    seq0, first, call0.text, first + r, to_string(c.kind, c.param).text,
+                    static_cast<unsigned long long>(c.sequence));
     }
     if (c.nest == nullptr || c0.nest == nullptr || *c.nest != *c0.nest) {
       const message nest = demangle(c.nest != nullptr ? c.nest->name() : "?");
       const message nest0 = demangle(c0.nest != nullptr ? c0.nest->name() : "?");
-      return format("mirror: collective #%llu (%s): mismatched nests: replica %zu passed %s but replica 0 passed %s; "
+      return format("mirror: collective #%llu (%s): mismatched nests: replica %zu passed %s but replica %zu passed %s; "
                     "every replica must pass the same nest type",
-                    seq0, call0.text, r, nest.c_str(), nest0.c_str());
+                    seq0, call0.text, first + r, nest.c_str(), first, nest0.c_str());
     }
     if (c.full == nullptr || c0.full == nullptr) continue;
     const collective_header& h0 = *c0.full;
@@ -180,8 +183,8 @@ MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_ch
       if (a != b && a != any_size && b != any_size) {
         const message leaf = demangle(h0.leaf_types[k]->name());
         return format("mirror: collective #%llu (%s): shape mismatch at leaf %zu (%s): %zu elements on replica %zu "
-                      "but %zu on replica 0; every replica must pass leaves of the same size",
-                      seq0, call0.text, k, leaf.c_str(), b, r, a);
+                      "but %zu on replica %zu; every replica must pass leaves of the same size",
+                      seq0, call0.text, k, leaf.c_str(), b, first + r, a, first);
       }
     }
   }
@@ -237,7 +240,9 @@ class collective {
   [[noreturn, gnu::cold]] void disagree(const exchanged<collective_check>& checks) {
     // Every replica sees the same checks, so all of them are here; none may unwind (and free
     // the headers and sizes the others read) before all have built the message.
-    const message text = describe_disagreement(checks);
+    std::size_t first = 0;
+    if constexpr (requires(const Rt& rt) { rt.first_replica(); }) first = static_cast<std::size_t>(rt_->first_replica());
+    const message text = describe_disagreement(checks, first);
     rt_->barrier(self_);
     throw shape_error(text);
   }

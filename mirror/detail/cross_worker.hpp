@@ -34,7 +34,8 @@ concept spans_workers = requires(Rt& rt) {
 constexpr ReduceOp cross_op(ReduceOp op) noexcept { return op == ReduceOp::mean ? ReduceOp::sum : op; }
 
 /// Reduces every leaf of `nest` across workers with cross_op(op); for mean, then divides by
-/// `count` (the number of global replicas that contributed).
+/// `count` (the number of global replicas that contributed) unless `count` is 0 (the caller
+/// divides). The group is given `op` itself, so that a `mean` and a `sum` are different calls.
 template <class T>
 void all_reduce_nest(worker_group& g, T& nest, ReduceOp op, std::size_t count, const char* what) {
   static_assert(!has_device_leaf<T>(),
@@ -46,8 +47,8 @@ void all_reduce_nest(worker_group& g, T& nest, ReduceOp op, std::size_t count, c
         using L = std::remove_cvref_t<decltype(l)>;
         using E = leaf_element_t<L>;
         const auto e = leaf_traits<L>::elements(l);
-        g.all_reduce(e.data(), e.size(), element_kind_of<E>(), cross_op(op), what);
-        if (op == ReduceOp::mean) divide_all(e.data(), e.size(), count);
+        g.all_reduce(e.data(), e.size(), element_kind_of<E>(), op, what);
+        if (op == ReduceOp::mean && count != 0) divide_all(e.data(), e.size(), count);
       },
       nest);
 }

@@ -40,8 +40,11 @@ constexpr element_kind element_kind_of() noexcept {
 ///
 /// **Calling rule.** Every collective below must be called by every worker, in the same order,
 /// from one thread of that worker at a time (the run's replica 0, or the user's thread outside
-/// `run`). A disagreement that the group can detect (sizes, element types, ops) is a
-/// `shape_error` on every worker; a worker that does not arrive within the timeout is a
+/// `run`). Each call carries which call of the program it is: the calling thread's
+/// `detail::current_position` (the user's collective in fn, by number, kind and op or root) and
+/// `what` (the API, outside fn). A disagreement that the group can detect (sizes, element
+/// types, ops, or two different calls) is a `shape_error` on every worker, naming each worker's
+/// call; a worker that does not arrive within the timeout is a
 /// `timeout_error` on every waiting worker naming its replicas; a failure reported by another
 /// worker (`report_failure`) ends every pending and later collective of that run with
 /// `replica_error`.
@@ -67,11 +70,18 @@ class worker_group {
   /// before it changes any value (then it passes `checked = true` to the all_reduce).
   virtual void check_all_reduce(std::size_t count, element_kind kind, ReduceOp op, const char* what) = 0;
 
-  /// In-place element-wise reduction of `count` elements across workers. `op` is sum, min, max
-  /// or prod (`mean` is summed here and divided by the caller, once, by W*R). `what` names the
-  /// API for error messages. Checks agreement first unless `checked`.
+  /// In-place element-wise reduction of `count` elements across workers. `op` is the op the
+  /// user asked for: `mean` is summed here and divided by the caller, once, by W*R, and is
+  /// passed as `mean` so that the agreement check tells it from a `sum`. `what` names the API
+  /// for error messages. Checks agreement first unless `checked`.
   virtual void all_reduce(void* data, std::size_t count, element_kind kind, ReduceOp op, const char* what,
                           bool checked = false) = 0;
+
+  /// Only the agreement check of a broadcast from worker `root` of a nest whose leaves have
+  /// `shape[k]` elements (`any_size` for a resizable leaf, which takes the root's size): a
+  /// `shape_error` on every worker when some worker passes another root, another fixed size or
+  /// makes another call. Lets ReplicaContext::broadcast refuse before its local step writes.
+  virtual void check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what) = 0;
 
   /// `bytes` bytes from worker `root` to every worker (same `bytes` everywhere).
   virtual void broadcast(void* data, std::size_t bytes, int root, const char* what) = 0;
@@ -79,7 +89,7 @@ class worker_group {
   /// The cross-worker step of a reduce-scatter. `in` holds this worker's contribution: its
   /// `num_leaves` leaves of `leaf_sizes[k]` elements, concatenated (read only). On return `out`
   /// holds, for each leaf k in turn, the reduction over workers with `op` (as for all_reduce:
-  /// never `mean`) of this worker's range of leaf k: the cuts of global replicas w*R .. w*R+R-1
+  /// `mean` is summed, and the caller divides) of this worker's range of leaf k: the cuts of global replicas w*R .. w*R+R-1
   /// under detail::replica_rows(leaf_sizes[k], W*R, g). `out` may overlap `in`. Every element
   /// has the bits the group's all_reduce of the whole of `in` would give it.
   virtual void reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,

@@ -189,7 +189,7 @@ TEST_CASE("failure: a late worker is named by every waiting worker after the tim
     CHECK(e.missing() == std::vector<int>{late});  // R = 1: global replica = worker
     if (w != late) {
       CHECK(t >= 0.9);  // not before the timeout
-      CHECK_THAT(std::string(e.what()), Catch::Contains("replicas {" + std::to_string(late) + "} did not arrive"));
+      CHECK_THAT(std::string(e.what()), Catch::Contains("replicas {" + std::to_string(late) + "} did not reach this collective"));
       // Named as fn wrote it, not by the cross-worker exchanges counted so far.
       CHECK_THAT(std::string(e.what()), Catch::Contains("collective #1 (all_reduce(sum)) of fn"));
       int dummy = 0;

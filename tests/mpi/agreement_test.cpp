@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: Apache-2.0
+// devices::Cluster under mpirun (2 or 3 processes, 1-3 replicas each): every cross-worker
+// collective carries which call of the program it is, so two different calls never pair, however
+// alike their payloads; and an error raised inside one worker reaches the others as the same kind
+// of error (docs/multi-worker.md, "When workers disagree"). Each case checks every worker's error
+// and that the next run is right.
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <stdlib.h>  // mkdtemp
+#include <string>
+#include <thread>
+#include <vector>
+#include <mirror/mirror.hpp>
+
+#include "mpi/mpi_world.hpp"  // world_size, world_rank
+
+namespace {
+
+using Cluster = mirror::devices::Cluster<mirror::devices::Threads>;
+using Strategy = mirror::Strategy<Cluster>;
+using mirror::ReduceOp;
+
+// One strategy at a time (tests/mpi/cluster_test.cpp says why), rebuilt per replica count.
+std::unique_ptr<Strategy>& shared_strategy() {
+  static std::unique_ptr<Strategy> s;
+  return s;
+}
+Strategy& strategy_with(int replicas) {
+  auto& s = shared_strategy();
+  if (!s || s->num_local_replicas() != replicas) {
+    s.reset();
+    s = std::make_unique<Strategy>(Cluster{.local = {.replicas = replicas}, .timeout = std::chrono::seconds(30)});
+  }
+  return *s;
+}
+
+// The next run is right on every worker: a sum of the global ids, and a broadcast.
+void check_goes_on(Strategy& s) {
+  const int N = s.num_replicas_in_sync();
+  const auto out = s.run([&](auto& ctx) {
+    const int g = ctx.replica_id_in_sync_group();
+    return std::pair{ctx.all_reduce(ReduceOp::sum, g), ctx.broadcast(std::vector<int>{g, 7}, N - 1)};
+  });
+  for (const int v : out.first) REQUIRE(v == N * (N - 1) / 2);
+  for (const auto& v : out.second) REQUIRE(v == std::vector<int>{N - 1, 7});
+  REQUIRE(s.reduce(ReduceOp::sum, s.run([](auto& ctx) { return ctx.replica_id_in_sync_group(); })) == N * (N - 1) / 2);
+}
+
+// A checkpoint every worker can restore (only the chief reads it).
+struct checkpoint_dir {
+  std::string dir;
+  checkpoint_dir() {
+    if (world_rank() == 0) {
+      char tmpl[] = "/tmp/mirror_agreement_XXXXXX";
+      REQUIRE(mkdtemp(tmpl) != nullptr);
+      dir = tmpl;
+    } else {
+      dir = "/nonexistent/mirror_agreement";
+    }
+  }
+  ~checkpoint_dir() {
+    if (world_rank() == 0) std::filesystem::remove_all(dir);
+  }
+  std::string path(const char* name) const { return (std::filesystem::path(dir) / name).string(); }
+};
+
+// The calls a program makes outside fn (cross-replica context), each collective across workers.
+struct cross_call {
+  const char* name;   // as the error names it
+  std::function<void(Strategy&)> call;
+};
+
+// The collectives fn makes.
+struct in_fn_call {
+  const char* name;  // as the error names it: "collective #1 (...)"
+  std::function<void(Strategy&)> run;
+};
+
+}  // namespace
+
+TEST_CASE("agreement: a call outside run against a collective in fn is a shape_error on every worker, naming both",
+          "[mpi][mismatch]") {
+  // The newcomer's case first: worker 0 reduces outside run (a TF habit, logging on the chief)
+  // while worker 1 all-reduces in fn. Before, the two paired: 3 where 6 and 4 were due.
+  const int W = world_size(), w = world_rank();
+  checkpoint_dir dir;
+  for (int R = 1; R <= 3; ++R) {
+    Strategy& s = strategy_with(R);
+    const int N = W * R;
+    auto weights = s.make_variable(std::vector<float>{1.f, 2.f}, mirror::VariableAggregation::mean);
+    auto seen = s.make_sync_on_read_variable(std::int64_t{1}, mirror::VariableAggregation::sum);
+    mirror::save(s, dir.path("ok.ckpt"), weights);
+    const auto ids = s.run([](auto& ctx) { return ctx.replica_id_in_sync_group(); });
+    const auto rows = s.run([](auto& ctx) { return std::vector<float>(2, float(ctx.replica_id_in_sync_group())); });
+    std::vector<std::vector<int>> batches(4, std::vector<int>(static_cast<std::size_t>(N), 1));
+    const std::vector<cross_call> outside = {
+        {"mirror::Strategy::reduce", [&](Strategy& st) { (void)st.reduce(ReduceOp::sum, ids); }},
+        {"mirror::Strategy::reduce(axis0)", [&](Strategy& st) { (void)st.reduce(ReduceOp::mean, rows, mirror::axis0); }},
+        {"mirror::Strategy::gather", [&](Strategy& st) { (void)st.gather(rows, mirror::axis0); }},
+        {"mirror::Strategy::broadcast", [&](Strategy& st) { (void)st.broadcast(std::vector<int>{1, 2}); }},
+        {"mirror::Strategy::make_variable", [&](Strategy& st) { (void)st.make_variable(std::vector<float>(3, 1.f)); }},
+        {"mirror::SyncOnReadVariable::value", [&](Strategy&) { (void)seen.value(); }},
+        {"mirror::save", [&](Strategy& st) { mirror::save(st, dir.path("never.ckpt"), weights); }},
+        {"mirror::restore", [&](Strategy& st) { mirror::restore(st, dir.path("ok.ckpt"), weights); }},
+        {"mirror::Strategy::distribute_dataset", [&](Strategy& st) {
+           for (const auto& step : st.distribute_dataset(batches)) (void)step;
+         }},
+    };
+    const std::vector<in_fn_call> inside = {
+        {"all_reduce(sum)", [](Strategy& st) { st.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, 1); }); }},
+        {"all_reduce(mean)",
+         [](Strategy& st) { st.run([](auto& ctx) { ctx.all_reduce(ReduceOp::mean, std::vector<float>(4, 1.f)); }); }},
+        {"broadcast(from = 0)",
+         [](Strategy& st) { st.run([](auto& ctx) { ctx.broadcast(std::vector<int>{1, 2}, 0); }); }},
+        {"all_gather", [](Strategy& st) { st.run([](auto& ctx) { ctx.all_gather(1, mirror::axis0); }); }},
+        {"reduce_scatter(sum)", [N](Strategy& st) {
+           st.run([N](auto& ctx) { ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(static_cast<std::size_t>(N), 1.f)); });
+         }},
+        {"merge_call", [](Strategy& st) {
+           st.run([](auto& ctx) {
+             ctx.merge_call([](auto& strategy, mirror::PerReplica<int> v) { return strategy.reduce(ReduceOp::sum, v); },
+                            ctx.replica_id_in_sync_group());
+           });
+         }},
+    };
+    for (const int odd : {0, W - 1}) {  // the chief alone outside run, then the last worker
+      for (const auto& x : outside) {
+        for (const auto& y : inside) {
+          CAPTURE(R, odd, x.name, y.name);
+          std::string what;
+          try {
+            if (w == odd) {
+              x.call(s);
+            } else {
+              y.run(s);
+            }
+            FAIL("no error");
+          } catch (const mirror::shape_error& e) {
+            what = e.what();
+          }
+          CAPTURE(what);
+          // Both calls are named, on every worker.
+          CHECK_THAT(what, Catch::Contains(std::string("in ") + x.name + " called outside fn"));
+          CHECK_THAT(what, Catch::Contains(std::string("at collective #1 (") + y.name + ") of fn"));
+          CHECK_THAT(what, Catch::Contains("worker " + std::to_string(odd) + " (replicas " + std::to_string(odd * R) +
+                                           ".." + std::to_string(odd * R + R - 1) + ")"));
+          check_goes_on(s);
+        }
+      }
+    }
+    // Nothing changed: the refused save wrote no file, the refused restore and the variables
+    // kept their values.
+    if (w == 0) CHECK(!std::filesystem::exists(dir.path("never.ckpt")));
+    CHECK(weights.value() == std::vector<float>{1.f, 2.f});
+    CHECK(seen.value() == N);
+  }
+}
+
+TEST_CASE("agreement: the newcomer's program: a reduce on the chief and an all_reduce in fn", "[mpi][mismatch]") {
+  const int W = world_size(), w = world_rank();
+  for (int R = 1; R <= 3; ++R) {
+    Strategy& s = strategy_with(R);
+    const int N = W * R;
+    const auto ids = s.run([](auto& ctx) { return ctx.replica_id_in_sync_group(); });
+    for (const bool chief_outside : {true, false}) {
+      CAPTURE(R, chief_outside);
+      const bool outside = chief_outside ? w == 0 : w != 0;
+      if (outside) {
+        CHECK_THROWS_AS(s.reduce(ReduceOp::sum, ids), mirror::shape_error);
+      } else {
+        CHECK_THROWS_AS(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }), mirror::shape_error);
+      }
+      // Then both calls together are right.
+      CHECK(s.reduce(ReduceOp::sum, ids) == N * (N - 1) / 2);
+      const auto n = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); });
+      CHECK(n.primary() == N);
+    }
+  }
+}
+
+TEST_CASE("agreement: mean against sum is a shape_error on every worker, in fn and outside run", "[mpi][mismatch]") {
+  const int W = world_size(), w = world_rank();
+  for (int R = 1; R <= 3; ++R) {
+    Strategy& s = strategy_with(R);
+    CAPTURE(R);
+    // Every replica of worker 0 passes mean, every other replica sum: no worker's replicas
+    // disagree among themselves, so only the cross-worker check can see it.
+    try {
+      s.run([&](auto& ctx) { ctx.all_reduce(w == 0 ? ReduceOp::mean : ReduceOp::sum, std::vector<float>(8, 1.f)); });
+      FAIL("no error");
+    } catch (const mirror::shape_error& e) {
+      const std::string what = e.what();
+      CAPTURE(what);
+      // The op the user wrote, not the sum the cross step computes.
+      CHECK_THAT(what, Catch::Contains("worker 0 (replicas 0.." + std::to_string(R - 1) + ") reduces 8 float32 elements with mean"));
+      CHECK_THAT(what, Catch::Contains("worker 1 (replicas " + std::to_string(R) + ".." + std::to_string(2 * R - 1) +
+                                       ") reduces 8 float32 elements with sum"));
+    }
+    check_goes_on(s);
+    const auto values = s.run([](auto& ctx) { return 2 * ctx.replica_id_in_sync_group(); });
+    CHECK_THROWS_AS(s.reduce(w == W - 1 ? ReduceOp::mean : ReduceOp::sum, values), mirror::shape_error);
+    check_goes_on(s);
+  }
+}
+
+TEST_CASE("agreement: a mismatch inside one worker is the same shape_error on every worker", "[mpi][mismatch]") {
+  const int W = world_size(), w = world_rank();
+  for (int R = 2; R <= 3; ++R) {
+    Strategy& s = strategy_with(R);
+    const int bad = W * R - 1;  // the last worker's last replica
+    for (int fault = 0; fault < 3; ++fault) {
+      CAPTURE(R, fault);
+      std::string what;
+      try {
+        s.run([&](auto& ctx) {
+          const bool me = ctx.replica_id_in_sync_group() == bad;
+          ctx.all_reduce(ReduceOp::sum, 1.0);  // a collective every replica agrees on first
+          if (fault == 0) ctx.all_reduce(ReduceOp::sum, std::vector<float>(me ? 5 : 4, 1.f));  // another size
+          if (fault == 1 && me) ctx.broadcast(1, 0);                                          // another collective
+          if (fault == 1 && !me) ctx.all_reduce(ReduceOp::max, 1);
+          if (fault == 2) ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(me ? 9 : 8, 1.f));
+        });
+        FAIL("no error");
+      } catch (const mirror::shape_error& e) {
+        what = e.what();
+      }
+      CAPTURE(what);
+      // Every worker's copy names the global replica (not the local index 1 or 2).
+      CHECK_THAT(what, Catch::Contains("replica " + std::to_string(bad)));
+      CHECK_THAT(what, Catch::Contains("collective #2"));
+      // The same text on every worker: gather the lengths and a hash.
+      std::uint64_t h = std::hash<std::string>{}(what), lo = h, hi = h;
+      MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+      MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+      CHECK(lo == hi);
+      check_goes_on(s);
+    }
+  }
+}
+
+TEST_CASE("agreement: a replica that returns early is the same timeout_error, with global ids, on every worker",
+          "[mpi][mismatch]") {
+  const int W = world_size();
+  for (int R = 2; R <= 3; ++R) {
+    Strategy& s = strategy_with(R);
+    for (const int early : {R, W * R - 1, 1}) {  // worker 1's first replica; the last; worker 0's second
+      for (const int at : {0, 1}) {  // before the first collective, or the second
+        CAPTURE(R, early, at);
+        std::vector<int> missing;
+        std::string what;
+        try {
+          s.run([&](auto& ctx) {
+            const int g = ctx.replica_id_in_sync_group();
+            if (at == 0 && g == early) return;
+            ctx.all_reduce(ReduceOp::sum, std::vector<float>(16, 1.f));
+            if (at == 1 && g == early) return;
+            ctx.all_reduce(ReduceOp::max, g);
+          });
+          FAIL("no error");
+        } catch (const mirror::timeout_error& e) {
+          missing = e.missing();
+          what = e.what();
+        }
+        CAPTURE(what);
+        CHECK(missing == std::vector<int>{early});
+        CHECK_THAT(what, Catch::Contains("{" + std::to_string(early) + "}"));
+        check_goes_on(s);
+      }
+    }
+  }
+}
+
+TEST_CASE("agreement: a worker whose every replica returns early: a timeout_error at its next call", "[mpi][mismatch]") {
+  // With one replica a worker nobody local waits for it: its run returns. The others' collective
+  // fails when its next cross-worker call arrives (here the next run), as the same timeout_error.
+  const int W = world_size(), w = world_rank();
+  Strategy& s = strategy_with(1);
+  const int early = W - 1;
+  std::vector<int> missing;
+  try {
+    s.run([&](auto& ctx) {
+      ctx.all_reduce(ReduceOp::sum, 1);
+      if (w == early) return;
+      ctx.all_reduce(ReduceOp::sum, 2);
+    });
+    if (w == early) s.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, 1); });  // its next call
+    FAIL("no error");
+  } catch (const mirror::timeout_error& e) {
+    missing = e.missing();
+    CAPTURE(e.what());
+    CHECK_THAT(std::string(e.what()), Catch::Contains("returned from fn without reaching"));
+  }
+  CHECK(missing == std::vector<int>{early});
+  check_goes_on(s);
+}
+
+TEST_CASE("agreement: an exception in fn keeps the original nested on its own worker", "[mpi]") {
+  const int W = world_size(), w = world_rank();
+  for (int R = 1; R <= 3; ++R) {
+    Strategy& s = strategy_with(R);
+    for (const int thrower : {0, W * R - 1, R - 1}) {
+      CAPTURE(R, thrower);
+      try {
+        s.run([&](auto& ctx) {
+          ctx.all_reduce(ReduceOp::sum, 1);
+          if (ctx.replica_id_in_sync_group() == thrower) throw std::out_of_range("the thrower's own");
+          ctx.all_reduce(ReduceOp::sum, std::vector<float>(1000, 1.f));
+        });
+        FAIL("no error");
+      } catch (const mirror::replica_error& e) {
+        CHECK(e.replica() == thrower);
+        CHECK_THAT(std::string(e.what()), Catch::Contains("the thrower's own"));
+        if (w == thrower / R) {
+          CHECK_THROWS_AS(e.rethrow_nested(), std::out_of_range);
+        } else {
+          CHECK_THAT(std::string(e.what()), Catch::Contains("worker " + std::to_string(thrower / R) + ":"));
+        }
+      }
+      check_goes_on(s);
+    }
+  }
+}
+
+TEST_CASE("agreement: a broadcast refused across workers changes no span", "[mpi][mismatch]") {
+  const int W = world_size(), w = world_rank();
+  for (int R = 2; R <= 3; ++R) {
+    Strategy& s = strategy_with(R);
+    const int N = W * R;
+    for (int fault = 0; fault < 3; ++fault) {
+      CAPTURE(R, fault);
+      std::vector<std::vector<float>> spans(static_cast<std::size_t>(R));
+      for (int r = 0; r < R; ++r) spans[static_cast<std::size_t>(r)].assign(6, float(w * R + r));
+      const auto before = spans;
+      CHECK_THROWS_AS(s.run([&](auto& ctx) {
+                        const int g = ctx.replica_id_in_sync_group();
+                        auto& mine = spans[static_cast<std::size_t>(g - w * R)];
+                        if (fault == 0) ctx.broadcast(std::span<float>(mine), w == W - 1 ? N - 1 : 0);  // roots differ
+                        if (fault == 1 && w == W - 1) ctx.all_reduce(ReduceOp::sum, std::span<float>(mine));
+                        if (fault == 1 && w != W - 1) ctx.broadcast(std::span<float>(mine), 0);
+                        if (fault == 2) ctx.broadcast(std::span<float>(mine.data(), w == W - 1 ? 5 : 6), 0);  // sizes
+                      }),
+                      mirror::shape_error);
+      CHECK(spans == before);
+      check_goes_on(s);
+    }
+  }
+}
+
+TEST_CASE("agreement: empty leaves on one worker and a mismatch on another: every worker throws", "[mpi][mismatch]") {
+  const int W = world_size(), w = world_rank();
+  for (int R = 2; R <= 3; ++R) {
+    Strategy& s = strategy_with(R);
+    const int bad = W * R - 1;
+    for (int verb = 0; verb < 3; ++verb) {
+      CAPTURE(R, verb);
+      CHECK_THROWS_AS(s.run([&](auto& ctx) {
+                        // Every replica passes 0 elements but the last worker's last, which passes 1.
+                        const std::size_t n = ctx.replica_id_in_sync_group() == bad ? 1 : 0;
+                        if (verb == 0) ctx.all_reduce(ReduceOp::sum, std::vector<float>(n, 1.f));
+                        std::vector<float> buffer(n, 1.f);
+                        if (verb == 1) ctx.broadcast(std::span<float>(buffer), 0);
+                        if (verb == 2) ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(n, 1.f));
+                      }),
+                      mirror::shape_error);
+      check_goes_on(s);
+    }
+  }
+  (void)w;
+}
+
+TEST_CASE("agreement: a cross-worker timeout says the configured timeout and what the late worker did",
+          "[mpi][timeout]") {
+  // Its own strategy: after a timeout a strategy cannot continue (Open MPI cannot cancel a post).
+  const int W = world_size(), w = world_rank();
+  shared_strategy().reset();
+  Strategy s(Cluster{.local = {.replicas = 2}, .timeout = std::chrono::milliseconds(1500)});
+  const int late = W - 1;
+  constexpr int tag_gave_up = 4712;
+  try {
+    s.run([&](auto& ctx) {
+      if (w == late && ctx.replica_id_in_sync_group() == late * 2) {
+        for (int other = 0; other < W - 1; ++other) {
+          int dummy = 0;
+          MPI_Recv(&dummy, 1, MPI_INT, other, tag_gave_up, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+      }
+      ctx.all_reduce(ReduceOp::mean, std::vector<float>(8, 1.f));
+    });
+    FAIL("no timeout_error");
+  } catch (const mirror::timeout_error& e) {
+    const std::string what = e.what();
+    CAPTURE(what);
+    if (w != late) {
+      CHECK_THAT(what, Catch::Contains("for the timeout of 1500 ms (devices::Cluster{.timeout})"));
+      CHECK_THAT(what, Catch::Contains("did not reach this collective"));
+      CHECK_THAT(what, !Catch::Contains("dead or unreachable"));
+      CHECK_THAT(what, Catch::Contains("collective #1 (all_reduce(mean)) of fn"));
+      CHECK(e.missing() == std::vector<int>{2 * late, 2 * late + 1});
+      int dummy = 0;
+      MPI_Send(&dummy, 1, MPI_INT, late, tag_gave_up, MPI_COMM_WORLD);
+    } else {
+      CHECK_THAT(what, Catch::Contains("gave up waiting for this worker"));
+    }
+  }
+}
