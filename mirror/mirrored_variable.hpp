@@ -83,11 +83,20 @@ class MirroredVariable {
     /// one a `Synced<U>` (a compile error otherwise), so every replica applies the same step.
     template <class F, class... U>
     void update(F&& fn, const U&... args) {
-      static_assert((detail::is_synced<U>::value && ...),
+      constexpr bool all_synced = (detail::is_synced<U>::value && ...);
+      static_assert(all_synced,
                     "mirror::MirroredVariable::handle::update(fn, args...): every argument must be a "
                     "Synced<U> (from ctx.all_reduce, ctx.broadcast or ctx.merge_call), so that every "
                     "replica applies the same update; reduce per-replica values first");
-      fn(*copy_, *args...);
+      // Each mistake is one static_assert: the call is not compiled after either fails.
+      if constexpr (all_synced) {
+        constexpr bool callable = std::is_invocable_v<F&, T&, const typename U::value_type&...>;
+        static_assert(callable,
+                      "mirror::MirroredVariable::handle::update(fn, synced...): fn must be callable as "
+                      "fn(T& copy, const U&... values), with T the variable's type (a std::vector<float> variable "
+                      "takes std::vector<float>&, not another element type) and U the type inside each Synced<U>");
+        if constexpr (callable) fn(*copy_, *args...);
+      }
     }
 
     /// The sharded optimiser step (ZeRO stage 1), collective: every replica calls it with its own

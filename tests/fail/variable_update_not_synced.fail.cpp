@@ -1,4 +1,4 @@
-// expected-error: every argument must be a Synced<U>
+// expected-error: (?s)\A(?!.*no match for 'operator\*').*every argument must be a Synced<U>
 // Compile-fail test variable_update_not_synced: handle.update(fn, args...) with a per-replica argument: the copies would diverge.
 // variable_update_not_synced.fail.cpp must not compile; variable_update_not_synced.pass.cpp, which differs only in the line marked
 // "under test", must.
