@@ -112,6 +112,12 @@ TEST_CASE("agreement: a call outside run against a collective in fn is a shape_e
         {"mirror::Strategy::distribute_dataset", [&](Strategy& st) {
            for (const auto& step : st.distribute_dataset(batches)) (void)step;
          }},
+        {"mirror::DatasetsFromFunction (has-data step)", [&](Strategy& st) {
+           auto per_replica = [R](const mirror::InputContext&) {
+             return std::vector<std::vector<int>>(static_cast<std::size_t>(2 * R), std::vector<int>{1});
+           };
+           for (const auto& step : st.distribute_datasets_from_function(per_replica)) (void)step;
+         }},
     };
     const std::vector<in_fn_call> inside = {
         {"all_reduce(sum)", [](Strategy& st) { st.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, 1); }); }},
