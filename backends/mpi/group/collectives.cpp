@@ -1,0 +1,457 @@
+// SPDX-License-Identifier: Apache-2.0
+// The MPI collectives a job posts, and the agreement check before each (docs/multi-worker.md#failures:
+// how workers tell calls apart).
+
+#include <backends/mpi/group/impl.hpp>
+
+namespace mirror::mpi {
+
+std::string group::impl::where_of(const job& j) {
+  if (j.position.sequence == 0) return j.what;
+  return "collective #" + std::to_string(j.position.sequence) + " (" +
+         detail::to_string(j.position.kind, j.position.param).text + ") of fn, its cross-worker step";
+}
+
+void group::impl::execute(job& j) {
+  where = where_of(j);
+  job_phase = j.phase;
+  if (phase_starts.empty() || phase_starts.back().first < j.phase) {
+    phase_starts.emplace_back(j.phase, sequence);
+    if (phase_starts.size() > 64) phase_starts.erase(phase_starts.begin());
+  }
+  try {
+    {
+      std::lock_guard lock(mutex);
+      if (broken.why != broken_state::none) std::rethrow_exception(broken_error());
+    }
+    if (remote) adopt_remote(j);  // a timeout notice arrived while we were idle
+    // A failed run is recovered from before anything later is posted; the failed run's own
+    // later collectives are not posted at all.
+    note_local_failure();
+    if (pending > drained && pending <= j.phase) recover(pending, nullptr);
+    throw_if_failed(j.phase);
+    // An all-gather's counts were gathered (and checked) just before: equal on every worker.
+    const bool check_first =
+        j.kind == job::check || (validate && !((j.kind == job::reduce || j.kind == job::gather) && j.checked));
+    if (check_first) agree(j);
+    if (j.kind == job::check) return;
+    // An empty payload still waits for every worker (MPI completes an empty collective at
+    // once, alone): a worker whose run failed before this collective must fail it here too.
+    if ((j.kind == job::reduce || j.kind == job::bcast || j.kind == job::scatter) && j.count == 0) return sync(j);
+    if (j.kind == job::scatter) return scatter(j);
+    if (j.kind == job::gather) return gather(j);
+    if (j.kind == job::counts) return gather_counts(j);
+    if (j.kind == job::reduce && j.in_worker_order) {
+      reduce_in_worker_order(j);
+      return;
+    }
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (j.kind == job::reduce) {
+      log_post(post_allreduce, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
+      const bool ring = use_ring(j.count * j.element.bytes);
+      if (ring) ring_algorithm.set(1);
+      const int code = MPI_Iallreduce(MPI_IN_PLACE, j.data, static_cast<int>(j.count), datatype_of(j.element),
+                                      op_of(j.op, j.element), data, &request);
+      if (ring) ring_algorithm.set(0);
+      check(code, "MPI_Iallreduce", j.what);
+    } else {
+      log_post(post_bcast, j.count, 0, j.root);
+      check(MPI_Ibcast(j.data, static_cast<int>(j.count), MPI_BYTE, j.root, data, &request),
+            "MPI_Ibcast", j.what);
+    }
+    wait(request, j.what);
+  } catch (const backend_error&) {
+    j.error = std::current_exception();
+    std::lock_guard lock(mutex);
+    if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, what_of(j.error), {}};
+  } catch (...) {
+    j.error = std::current_exception();
+  }
+}
+
+void group::impl::slices(std::size_t n, std::vector<int>& counts, std::vector<int>& displs) const {
+  counts.assign(static_cast<std::size_t>(W), 0);
+  displs.assign(static_cast<std::size_t>(W), 0);
+  for (int p = 0; p < W; ++p) {
+    const auto [first, count] = detail::replica_rows(n, W, p);
+    displs[static_cast<std::size_t>(p)] = static_cast<int>(first);
+    counts[static_cast<std::size_t>(p)] = static_cast<int>(count);
+  }
+}
+
+void group::impl::reduce_in_worker_order(job& j) {
+  const std::size_t bytes = j.element.bytes;
+  std::vector<int> counts, displs;
+  slices(j.count, counts, displs);
+  const int mine = counts[static_cast<std::size_t>(w)];
+  const MPI_Datatype type = datatype_of(j.element);
+  std::vector<int> from(static_cast<std::size_t>(W), mine), at(static_cast<std::size_t>(W));
+  for (int p = 0; p < W; ++p) at[static_cast<std::size_t>(p)] = p * mine;
+  // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
+  auto rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, static_cast<std::size_t>(W) *
+                                                                            static_cast<std::size_t>(mine) * bytes));
+  log_post(post_alltoallv, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Ialltoallv(j.data, counts.data(), displs.data(), type, rows.get(), from.data(), at.data(), type, data,
+                       &request),
+        "MPI_Ialltoallv (in worker order)", j.what);
+  wait_keeping(request, j.what, rows);
+  const std::size_t row = static_cast<std::size_t>(mine) * bytes;
+  for (int p = 1; p < W; ++p) {
+    check(MPI_Reduce_local(rows.get() + static_cast<std::size_t>(p) * row, rows.get(), mine, type,
+                           op_of(j.op, j.element)),
+          "MPI_Reduce_local (in worker order)", j.what);
+  }
+  if (row != 0) {
+    std::memcpy(static_cast<unsigned char*>(j.data) + static_cast<std::size_t>(displs[static_cast<std::size_t>(w)]) * bytes,
+                rows.get(), row);
+  }
+  log_post(post_allgatherv, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
+  check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, counts.data(), displs.data(), type, data,
+                        &request),
+        "MPI_Iallgatherv (in worker order)", j.what);
+  wait(request, j.what);
+}
+
+void group::impl::sync(job& j) {
+  auto word = std::make_unique<std::int64_t[]>(1);
+  word[0] = 0;
+  log_post(post_allreduce, 1, code_of(int64_kind), static_cast<std::int64_t>(ReduceOp::max));
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(MPI_IN_PLACE, word.get(), 1, MPI_INT64_T, MPI_MAX, data, &request),
+        "MPI_Iallreduce (empty collective)", j.what);
+  wait_keeping(request, j.what, word);
+}
+
+void group::impl::worker_ranges(const std::size_t* sizes, std::size_t K, std::vector<std::size_t>& first,
+                   std::vector<std::size_t>& count) const {
+  first.assign(K * static_cast<std::size_t>(W), 0);
+  count.assign(K * static_cast<std::size_t>(W), 0);
+  for (std::size_t k = 0; k < K; ++k) {
+    for (int p = 0; p < W; ++p) {
+      const std::size_t lo = detail::replica_rows(sizes[k], W * R, p * R).first;
+      const std::size_t hi = p + 1 == W ? sizes[k] : detail::replica_rows(sizes[k], W * R, (p + 1) * R).first;
+      first[k * static_cast<std::size_t>(W) + static_cast<std::size_t>(p)] = lo;
+      count[k * static_cast<std::size_t>(W) + static_cast<std::size_t>(p)] = hi - lo;
+    }
+  }
+}
+
+void group::impl::scatter(job& j) {
+  const std::size_t K = j.num_sizes, bytes = j.element.bytes, Wn = static_cast<std::size_t>(W);
+  std::vector<std::size_t> first, count, at(K, 0);
+  worker_ranges(j.sizes, K, first, count);
+  for (std::size_t k = 1; k < K; ++k) at[k] = at[k - 1] + j.sizes[k - 1];
+  const auto* in = static_cast<const unsigned char*>(j.data);
+  auto* out = static_cast<unsigned char*>(j.out);
+  const MPI_Datatype type = datatype_of(j.element);
+  const bool by_worker =
+      j.in_worker_order || W == 2 || j.element.cat != detail::element_kind::category::floating;
+  if (!by_worker) {
+    auto whole = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, j.count * bytes));
+    if (j.count != 0) std::memcpy(whole.get(), in, j.count * bytes);
+    log_post(post_allreduce, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
+    const bool ring = use_ring(j.count * bytes);
+    if (ring) ring_algorithm.set(1);
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int code = MPI_Iallreduce(MPI_IN_PLACE, whole.get(), static_cast<int>(j.count), type,
+                                    op_of(j.op, j.element), data, &request);
+    if (ring) ring_algorithm.set(0);
+    check(code, "MPI_Iallreduce (reduce-scatter)", j.what);
+    wait_keeping(request, j.what, whole);
+    std::size_t pos = 0;
+    for (std::size_t k = 0; k < K; ++k) {
+      const std::size_t i = k * Wn + static_cast<std::size_t>(w);
+      if (count[i] != 0) std::memmove(out + pos * bytes, whole.get() + (at[k] + first[i]) * bytes, count[i] * bytes);
+      pos += count[i];
+    }
+    return;
+  }
+  std::vector<std::size_t> per(Wn, 0);  // each worker's elements over all leaves
+  for (std::size_t k = 0; k < K; ++k) {
+    for (std::size_t p = 0; p < Wn; ++p) per[p] += count[k * Wn + p];
+  }
+  const std::size_t block = *std::max_element(per.begin(), per.end());
+  const std::size_t mine = per[static_cast<std::size_t>(w)];
+  if (block > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    throw std::invalid_argument(std::string(j.what) + ": " + std::to_string(block) +
+                                " elements per worker in one cross-worker reduce-scatter exceed MPI's int count; "
+                                "split the leaf");
+  }
+  // One leaf whose ranges are equal is already laid out as W blocks: sent as it is.
+  const bool direct = K == 1 && std::all_of(per.begin(), per.end(), [&](std::size_t c) { return c == block; });
+  // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
+  std::unique_ptr<unsigned char[]> packed;
+  if (!direct) {
+    packed = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, Wn * block * bytes));
+    for (std::size_t p = 0; p < Wn; ++p) {
+      std::size_t pos = p * block;
+      for (std::size_t k = 0; k < K; ++k) {
+        const std::size_t i = k * Wn + p;
+        if (count[i] != 0) std::memcpy(packed.get() + pos * bytes, in + (at[k] + first[i]) * bytes, count[i] * bytes);
+        pos += count[i];
+      }
+    }
+  }
+  auto rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, Wn * block * bytes));
+  log_post(post_alltoall, block, code_of(j.element), static_cast<std::int64_t>(j.op));
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Ialltoall(direct ? in : packed.get(), static_cast<int>(block), type, rows.get(), static_cast<int>(block),
+                      type, data, &request),
+        "MPI_Ialltoall (reduce-scatter)", j.what);
+  try {
+    wait(request, j.what);
+  } catch (...) {
+    keep_until_exit(rows);
+    if (packed) keep_until_exit(packed);
+    throw;
+  }
+  const std::size_t row = block * bytes;
+  for (std::size_t p = 1; p < Wn && mine != 0; ++p) {
+    check(MPI_Reduce_local(rows.get() + p * row, rows.get(), static_cast<int>(mine), type, op_of(j.op, j.element)),
+          "MPI_Reduce_local (reduce-scatter)", j.what);
+  }
+  if (mine != 0) std::memmove(out, rows.get(), mine * bytes);
+}
+
+void group::impl::gather(job& j) {
+  const std::size_t K = j.num_sizes, bytes = j.element.bytes, Wn = static_cast<std::size_t>(W);
+  const std::size_t* counts = j.sizes;
+  std::vector<std::size_t> per(Wn, 0);
+  for (std::size_t p = 0; p < Wn; ++p) {
+    for (std::size_t k = 0; k < K; ++k) per[p] += counts[p * K + k] * bytes;
+  }
+  const std::size_t block = *std::max_element(per.begin(), per.end());
+  if (block == 0) return sync(j);  // nothing anywhere (every worker has the same counts)
+  if (block > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    throw std::invalid_argument(std::string(j.what) + ": " + std::to_string(block) +
+                                " bytes per worker in one cross-worker all-gather exceed MPI's int count; split the "
+                                "leaf");
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (K == 1 && std::all_of(per.begin(), per.end(), [&](std::size_t c) { return c == block; })) {
+    log_post(post_allgather_bytes, block, 0, 1);
+    check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.leaves[0], static_cast<int>(block), MPI_BYTE, data,
+                         &request),
+          "MPI_Iallgather (all-gather)", j.what);
+    wait(request, j.what);
+    return;
+  }
+  // Where worker p's block of leaf k starts in leaf k: after the blocks of workers 0..p-1.
+  std::vector<std::size_t> at(Wn * K, 0);
+  for (std::size_t k = 0; k < K; ++k) {
+    for (std::size_t p = 1; p < Wn; ++p) at[p * K + k] = at[(p - 1) * K + k] + counts[(p - 1) * K + k] * bytes;
+  }
+  // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
+  auto send = std::make_unique<unsigned char[]>(block);
+  auto recv = std::make_unique<unsigned char[]>(Wn * block);
+  std::size_t pos = 0;
+  for (std::size_t k = 0; k < K; ++k) {
+    const std::size_t n = counts[static_cast<std::size_t>(w) * K + k] * bytes;
+    if (n != 0) std::memcpy(send.get() + pos, static_cast<unsigned char*>(j.leaves[k]) + at[static_cast<std::size_t>(w) * K + k], n);
+    pos += n;
+  }
+  log_post(post_allgather_bytes, block, 0, 0);
+  check(MPI_Iallgather(send.get(), static_cast<int>(block), MPI_BYTE, recv.get(), static_cast<int>(block), MPI_BYTE,
+                       data, &request),
+        "MPI_Iallgather (all-gather)", j.what);
+  try {
+    wait(request, j.what);
+  } catch (...) {
+    keep_until_exit(send);
+    keep_until_exit(recv);
+    throw;
+  }
+  for (std::size_t p = 0; p < Wn; ++p) {
+    if (p == static_cast<std::size_t>(w)) continue;
+    pos = p * block;
+    for (std::size_t k = 0; k < K; ++k) {
+      const std::size_t n = counts[p * K + k] * bytes;
+      if (n != 0) std::memcpy(static_cast<unsigned char*>(j.leaves[k]) + at[p * K + k], recv.get() + pos, n);
+      pos += n;
+    }
+  }
+}
+
+void group::impl::gather_counts(job& j) {
+  const std::size_t n = j.count, Wn = static_cast<std::size_t>(W);
+  // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
+  auto words = std::make_unique<std::int64_t[]>(std::max<std::size_t>(1, n + n * Wn));
+  const auto* mine = static_cast<const std::size_t*>(j.data);
+  for (std::size_t i = 0; i < n; ++i) words[i] = static_cast<std::int64_t>(mine[i]);
+  log_post(post_allgather_words, n, code_of(int64_kind), 0);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallgather(words.get(), static_cast<int>(n), MPI_INT64_T, words.get() + n, static_cast<int>(n),
+                       MPI_INT64_T, data, &request),
+        "MPI_Iallgather (counts)", j.what);
+  wait_keeping(request, j.what, words);
+  auto* all = static_cast<std::size_t*>(j.out);
+  for (std::size_t i = 0; i < n * Wn; ++i) all[i] = static_cast<std::size_t>(words[n + i]);
+}
+
+std::uint64_t group::impl::text_hash(const char* text) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (const char* c = text; c != nullptr && *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+  return h;
+}
+
+void group::impl::agree(job& j) {
+  // What the collective is, in one number: an op in worker order is another collective (an
+  // all-to-all and an all-gather): +100; a reduce-scatter +200; a broadcast 1000 + its root.
+  std::uint64_t what_kind = 0, element = static_cast<std::uint64_t>(j.element.cat) << 8 | j.element.bytes;
+  std::int64_t flag = 0;  // how the message describes it
+  switch (j.checks_broadcast ? job::bcast : j.kind) {
+    case job::bcast: what_kind = 1000 + static_cast<std::uint64_t>(j.root), element = 0, flag = 1; break;
+    case job::scatter: what_kind = 200 + static_cast<std::uint64_t>(j.op) + (j.in_worker_order ? 100 : 0), flag = 2; break;
+    case job::gather: what_kind = 500, flag = 3; break;
+    case job::counts: what_kind = 600, element = 0, flag = 4; break;
+    default: what_kind = static_cast<std::uint64_t>(j.op) + (j.in_worker_order ? 100 : 0); break;
+  }
+  const std::uint64_t call = static_cast<std::uint64_t>(j.position.kind) << 32 |
+                             static_cast<std::uint32_t>(j.position.param);
+  std::int64_t key = agreement_key(j.count, element, what_kind);
+  key = agreement_key(static_cast<std::uint64_t>(key), j.position.sequence, call);
+  // And the run: the phase (odd inside a run, even between runs) tells a worker still in run n
+  // from one that returned from it and is in run n + 1 at the same collective number.
+  key = agreement_key(static_cast<std::uint64_t>(key), text_hash(j.what), static_cast<std::uint64_t>(j.phase));
+  if (j.sizes != nullptr) {
+    // Each leaf's size (or each worker's count of each leaf) must agree too, not only the sum.
+    const std::size_t n = j.kind == job::gather ? j.num_sizes * static_cast<std::size_t>(W) : j.num_sizes;
+    key = agreement_key(static_cast<std::uint64_t>(key), detail::shape_hash(j.sizes, n), j.num_sizes);
+  }
+  // On the heap, and kept if the check is given up on (keep_until_exit says why).
+  auto both = std::make_unique<std::int64_t[]>(2);
+  both[0] = key;
+  both[1] = -key;
+  log_post(post_allreduce, 2, code_of(int64_kind), static_cast<std::int64_t>(ReduceOp::max));
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(MPI_IN_PLACE, both.get(), 2, MPI_INT64_T, MPI_MAX, data, &request),
+        "MPI_Iallreduce (agreement check)", j.what);
+  wait_keeping(request, j.what, both);
+  if (both[0] == -both[1]) return;
+  // Mine, then every worker's.
+  constexpr std::size_t D = description_words;
+  auto gathered = std::make_unique<std::int64_t[]>(D + D * static_cast<std::size_t>(W));
+  std::int64_t* const mine = gathered.get();
+  const std::int64_t* const all = mine + D;
+  mine[0] = static_cast<std::int64_t>(j.count);
+  mine[1] = static_cast<std::int64_t>(element);
+  mine[2] = static_cast<std::int64_t>(what_kind);
+  mine[3] = flag | static_cast<std::int64_t>(j.num_sizes) << 8;
+  mine[4] = static_cast<std::int64_t>(j.position.sequence);
+  mine[5] = static_cast<std::int64_t>(call);
+  mine[6] = phase.load(std::memory_order_relaxed);
+  std::strncpy(reinterpret_cast<char*>(mine + 7), j.what != nullptr ? j.what : "", what_words * sizeof(std::int64_t) - 1);
+  log_post(post_allgather_words, D, code_of(int64_kind), 0);
+  check(MPI_Iallgather(mine, static_cast<int>(D), MPI_INT64_T, mine + D, static_cast<int>(D), MPI_INT64_T, data,
+                       &request),
+        "MPI_Iallgather (agreement check)", j.what);
+  wait_keeping(request, j.what, gathered);
+  throw_disagreement(all);
+}
+
+void group::impl::throw_disagreement(const std::int64_t* all) {
+  constexpr std::size_t D = description_words;
+  const auto desc = [&](int p) { return &all[D * static_cast<std::size_t>(p)]; };
+  const auto replicas_of = [&](int p) {
+    return "replicas " + std::to_string(p * R) + ".." + std::to_string(p * R + R - 1);
+  };
+  // Where each worker is: what its cross-worker step moves, then the user's call.
+  std::string table;
+  bool described_alike = true;
+  for (int p = 0; p < W; ++p) {
+    const std::int64_t* d = desc(p);
+    described_alike = described_alike && std::equal(d, d + 6, desc(0)) && std::equal(d + 7, d + D, desc(0) + 7);
+    table += (p == 0 ? " " : "; ") + std::string("worker ") + std::to_string(p) + " (" + replicas_of(p) + ") ";
+    const detail::element_kind k{static_cast<detail::element_kind::category>(d[1] >> 8),
+                                 static_cast<std::uint8_t>(d[1] & 0xff)};
+    const std::string leaves = " in " + std::to_string(d[3] >> 8) + " leaves";
+    const std::string order = (d[2] % 200) >= 100 ? " in worker order (MpiAllReduce{.deterministic = true})" : "";
+    switch (d[3] & 0xff) {
+      case 1:
+        table += "broadcasts " + (d[0] != 0 ? std::to_string(d[0]) + " bytes " : std::string()) + "from worker " +
+                 std::to_string(d[2] - 1000);
+        break;
+      case 2:
+        table += "reduce-scatters " + std::to_string(d[0]) + " " + kind_name(k) + " elements" + leaves + " with " +
+                 std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) + order;
+        break;
+      case 3: table += "all-gathers " + std::to_string(d[0]) + " bytes of " + kind_name(k) + " elements" + leaves; break;
+      case 4: table += "all-gathers " + std::to_string(d[0]) + " counts per worker"; break;
+      default:
+        table += "reduces " + std::to_string(d[0]) + " " + kind_name(k) + " elements with " +
+                 std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) + order;
+    }
+    std::string what(reinterpret_cast<const char*>(d + 7), what_words * sizeof(std::int64_t));
+    what.resize(std::strlen(what.c_str()));
+    const auto call_kind = static_cast<detail::collective_kind>(static_cast<std::uint64_t>(d[5]) >> 32);
+    const auto call_param = static_cast<int>(static_cast<std::uint32_t>(static_cast<std::uint64_t>(d[5])));
+    if (d[4] == 0) {
+      table += ", in " + what + " called outside fn";
+    } else {
+      table += ", at collective #" + std::to_string(d[4]) + " (" + detail::to_string(call_kind, call_param).text +
+               ") of fn (" + what + ")";
+    }
+  }
+  // Phases: odd inside a run. Workers ahead of one that is inside a run have returned from that
+  // run's fn without reaching the collective it waits in (a worker whose every replica
+  // returned early has nobody local to notice): a timeout_error naming them, as within a worker.
+  std::int64_t lowest = desc(0)[6];
+  for (int p = 1; p < W; ++p) lowest = std::min(lowest, desc(p)[6]);
+  std::vector<int> missing;
+  std::string ahead, behind;
+  for (int p = 0; p < W; ++p) {
+    std::string& list = desc(p)[6] > lowest ? ahead : behind;
+    list += (list.empty() ? "" : ", ") + std::to_string(p);
+    if (desc(p)[6] > lowest) {
+      for (int r = 0; r < R; ++r) missing.push_back(p * R + r);
+    }
+  }
+  resync_phase(all);
+  std::exception_ptr e;
+  if ((lowest & 1) != 0 && !missing.empty()) {
+    std::string names;
+    for (const int m : missing) names += (names.empty() ? "" : ", ") + std::to_string(m);
+    e = std::make_exception_ptr(timeout_error(
+        "mirror: replicas {" + names + "} (workers " + ahead + ") returned from fn without reaching the collective "
+        "that workers " + behind + " wait in, and made a later call:" + table +
+        "; every replica of every worker must make the same collective calls",
+        missing));
+  } else {
+    std::string text = "mirror: the workers disagree on a cross-worker collective:" + table;
+    if (described_alike) text += "; the sizes of individual leaves differ between the workers";
+    text += "; every replica of every worker must make the same collective calls, in the same order, with leaves "
+            "of the same sizes";
+    e = std::make_exception_ptr(shape_error(text));
+  }
+  {
+    std::lock_guard lock(mutex);
+    symmetric.push_back(e);
+    if (symmetric.size() > 16) symmetric.erase(symmetric.begin());
+  }
+  std::rethrow_exception(e);
+}
+
+void group::impl::resync_phase(const std::int64_t* all) {
+  std::int64_t target = 0;
+  for (int p = 0; p < W; ++p) {
+    const std::int64_t ph = all[description_words * static_cast<std::size_t>(p) + 6];
+    target = std::max(target, ph + (ph & 1));
+  }
+  const std::int64_t now = phase.load(std::memory_order_relaxed);
+  const std::int64_t want = (now & 1) != 0 ? target - 1 : target;
+  if (want > now) phase.store(want, std::memory_order_relaxed);
+}
+
+void group::impl::log_post(post_kind kind, std::size_t count, std::int64_t element, std::int64_t op) {
+  ++sequence;
+  posts.push_back({sequence, kind, static_cast<std::int64_t>(count), element, op, job_phase});
+  if (posts.size() > kept_posts) posts.pop_front();
+}
+
+bool group::impl::use_ring(std::size_t bytes) const {
+  const std::size_t ring_from = W == 2 ? two_worker_ring_threshold_bytes : ring_threshold_bytes;
+  return ring_algorithm.usable && bytes >= ring_from;
+}
+
+}  // namespace mirror::mpi

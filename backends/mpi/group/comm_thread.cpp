@@ -1,0 +1,328 @@
+// SPDX-License-Identifier: Apache-2.0
+// The communication thread of a worker's group: the hand-off of a job from its caller, the
+// polling of a posted collective, the control communicator (who-has-arrived queries, failure and
+// timeout notices) and the timeouts (docs/multi-worker.md#failures).
+
+#include <backends/mpi/group/impl.hpp>
+
+namespace mirror::mpi {
+
+std::exception_ptr group::impl::broken_error() const {
+  const std::string tail =
+      "; Open MPI cannot cancel a posted collective, so this strategy cannot continue: end the job and restart "
+      "it from the last checkpoint (mirror::restore)";
+  switch (broken.why) {
+    case broken_state::timeout: return std::make_exception_ptr(timeout_error(broken.text + tail, broken.missing));
+    case broken_state::mpi_error:
+      return std::make_exception_ptr(backend_error("mirror::devices::Cluster: an earlier MPI error: " + broken.text + tail, -1));
+    case broken_state::none: break;
+  }
+  return nullptr;
+}
+
+void group::impl::run(job& j) {
+  // One job at a time: the calling rule says one caller per worker, but a second thread must
+  // not overwrite the job slot if a program breaks it (its order across workers is its own).
+  std::lock_guard one_caller(caller_mutex);
+  std::unique_lock lock(mutex);
+  if (shut_down) {
+    throw backend_error("mirror::devices::Cluster: MPI was finalized while the strategy exists; destroy the "
+                        "strategy before MPI_Finalize (or let mirror finalize MPI at exit)", -1);
+  }
+  if (broken.why != broken_state::none) std::rethrow_exception(broken_error());
+  current = &j;
+  taken = false;
+  auto now = clock::now();
+  posted_at.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  posted.store(true, std::memory_order_release);
+  wake_comm.notify_one();  // no system call when the thread is spinning rather than parked
+  lock.unlock();
+  spin_for(j.done, [&] { return j.done_at; }, now, caller_spin);
+  lock.lock();
+  wake_caller.wait(lock, [&] { return j.done.load(std::memory_order_relaxed); });
+  if (j.error) std::rethrow_exception(j.error);
+}
+
+void group::impl::shutdown() {
+  {
+    std::lock_guard lock(mutex);
+    if (shut_down) return;
+    stop = true;
+  }
+  wake_comm.notify_one();
+  if (thread.joinable()) thread.join();
+  std::lock_guard lock(mutex);
+  shut_down = true;
+  // A broken group has collectives that will never complete on its communicators: leave them
+  // (freeing them could wait forever); the job is ending anyway.
+  ring_algorithm.close();
+  if (broken.why == broken_state::none && abandoned.empty()) {
+    MPI_Comm_free(&data);
+    MPI_Comm_free(&control);
+  }
+}
+
+int group::impl::on_finalize(MPI_Comm, int, void* attribute, void*) {
+  static_cast<impl*>(attribute)->shutdown();
+  return MPI_SUCCESS;
+}
+
+void group::impl::main_loop() {
+  for (bool after_job = false;;) {
+    job* j = nullptr;
+    bool stopping = false;
+    // Right after a collective the next one usually follows at once (a training step's leaves,
+    // a loop of all-reduces): spin for it briefly instead of parking, saving the wake-up.
+    if (after_job) {
+      spin_for(posted, [&] { return posted_at.load(std::memory_order_relaxed); }, clock::now(), idle_spin);
+    }
+    {
+      std::unique_lock lock(mutex);
+      // Idle: still serve the control communicator every millisecond (a late worker must
+      // answer "which collective have you entered" while its replicas compute).
+      wake_comm.wait_for(lock, std::chrono::milliseconds(1), [&] {
+        return stop || (current != nullptr && !taken) ||
+               local_failed_phase.load(std::memory_order_relaxed) > drained;
+      });
+      if (current != nullptr && !taken) {
+        taken = true;
+        posted.store(false, std::memory_order_relaxed);
+        j = current;
+      }
+      stopping = stop;
+    }
+    after_job = j != nullptr;
+    try {
+      serve_control();
+      progress_sends();
+      // A run failed here or on another worker: recover now, while this thread is free (the
+      // others wait for this worker's answer), not when the next job comes.
+      note_local_failure();
+      if (pending > drained && !is_broken()) recover(pending, nullptr);
+    } catch (const timeout_error&) {
+      // recover() gave up on a worker and marked the group broken; later jobs throw it.
+    } catch (...) {
+      mark_broken_mpi(std::current_exception());
+    }
+    if (j != nullptr) {
+      execute(*j);
+      std::lock_guard lock(mutex);
+      current = nullptr;
+      j->done_at = clock::now().time_since_epoch().count();
+      j->done.store(true, std::memory_order_release);
+      wake_caller.notify_all();
+    }
+    if (stopping) {
+      leave();
+      flush_sends();
+      return;
+    }
+  }
+}
+
+void group::impl::mark_broken_mpi(const std::exception_ptr& e) {
+  std::lock_guard lock(mutex);
+  if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, what_of(e), {}};
+}
+
+void group::impl::wait(MPI_Request& request, const char* what) {
+  auto start = clock::now();
+  auto deadline = start + timeout;
+  for (unsigned polls = 0;; ++polls) {
+    int done = 0;
+    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
+    if (done) return;
+    // The control communicator, the failure flag and the clock every 8th poll only: MPI_Test
+    // is what moves the collective along, the rest is bookkeeping (a probe costs a progress
+    // call).
+    if ((polls & 7) != 7) continue;
+    serve_control();
+    progress_sends();
+    if (remote) {  // another worker gave up waiting for this one
+      abandoned.push_back(request);
+      time_out(start, what);
+    }
+    note_local_failure();
+    if (pending > drained && pending <= job_phase) {
+      const std::int64_t failed = pending;
+      try {
+        recover(failed, failed == job_phase ? &request : nullptr);
+      } catch (...) {
+        if (request != MPI_REQUEST_NULL) abandoned.push_back(request);
+        throw;
+      }
+      if (failed == job_phase) throw_failure();
+      start = clock::now();  // the peers were recovering too: this collective's wait starts now
+      deadline = start + timeout;
+      continue;
+    }
+    const auto now = clock::now();
+    if (now >= deadline) {
+      abandoned.push_back(request);
+      time_out(start, what);
+    }
+    // Never sleep for the first second: Open MPI's shared-memory and libnbc collectives
+    // advance only inside MPI calls, so a sleeping comm thread stalls its peers too (the 20 us
+    // sleeps this loop had after 200 us put 5.8 % of a 1 MiB run's samples in do_nanosleep,
+    // each costing ~80 us with timer slack). Nor yield for the first `unyielding_wait`: the
+    // caller spins with yields beside this thread, and handing it the core mid-collective
+    // stalls the exchange for the peers as well; as in a blocking MPI_Allreduce (which spins
+    // in opal_progress) this thread keeps the core. After that, a yield every 8 tests (a
+    // transfer that long is bandwidth-bound; a late worker needs the cores), and after a
+    // second (a straggler, not a slow transfer) 100 us sleeps, so waiting burns no core.
+    if (now - start < std::chrono::seconds(1)) {
+      if (now - start >= unyielding_wait) std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+}
+
+void group::impl::adopt_remote(job&) {
+  std::lock_guard lock(mutex);
+  broken = *remote;
+  broken.missing.clear();
+  for (int r = 0; r < R; ++r) broken.missing.push_back(w * R + r);
+  std::rethrow_exception(broken_error());
+}
+
+void group::impl::time_out(clock::time_point start, const char*) {
+  // The wait itself, measured before the peers are asked (asking takes up to 5 s more).
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
+  const std::int64_t seq = sequence;
+  asked = seq;
+  replies.assign(static_cast<std::size_t>(W), -1);
+  replies[static_cast<std::size_t>(w)] = seq;
+  // A worker that already told us it entered this collective (its own query or its notice
+  // that it gave up) has arrived, even if it has shut down since and cannot answer.
+  for (int p = 0; p < W; ++p) {
+    if (known[static_cast<std::size_t>(p)] >= seq) replies[static_cast<std::size_t>(p)] = known[static_cast<std::size_t>(p)];
+  }
+  for (int p = 0; p < W; ++p) {
+    if (p != w) send(p, tag_query, &seq, sizeof seq, nullptr);
+  }
+  const auto reply_deadline = clock::now() + std::min<clock::duration>(timeout, std::chrono::seconds(5));
+  while (clock::now() < reply_deadline &&
+         std::count(replies.begin(), replies.end(), std::int64_t{-1}) > 0) {
+    serve_control();
+    progress_sends();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  asked = -1;
+  std::vector<int> missing;
+  std::string late, unreachable;
+  for (int p = 0; p < W; ++p) {
+    const std::int64_t got = replies[static_cast<std::size_t>(p)];
+    if (got >= seq) continue;
+    (got < 0 ? unreachable : late) += (got < 0 ? (unreachable.empty() ? "" : ", ") : (late.empty() ? "" : ", ")) +
+                                      std::to_string(p);
+    for (int r = 0; r < R; ++r) missing.push_back(p * R + r);
+  }
+  std::string names;
+  for (int m : missing) names += (names.empty() ? "" : ", ") + std::to_string(m);
+  const auto limit = static_cast<long long>(timeout.count());
+  std::string text = "mirror: worker " + std::to_string(w);
+  if (remote && remote->why == broken_state::timeout) {
+    text += " waited " + std::to_string(waited) + " ms in " + where + " until worker " +
+            std::to_string(remote->replica / R) + " gave up waiting for it";
+  } else {
+    text += " waited for the timeout of " + std::to_string(limit) + " ms (devices::Cluster{.timeout})";
+    // A wait restarts after a recovery from another worker's failure; say so when it shows.
+    if (waited > limit + limit / 10 + 100) text += " (" + std::to_string(waited) + " ms in all, with a recovery)";
+    text += " in " + where;
+  }
+  text += "; replicas {" + names + "} did not reach this collective";
+  if (!late.empty()) text += " (workers " + late + " answered: they are at an earlier collective or computing)";
+  if (!unreachable.empty()) {
+    text += " (workers " + unreachable + " did not answer within " +
+            std::to_string(std::min<long long>(limit, 5000)) + " ms either: busy outside mirror, or gone)";
+  }
+  if (missing.empty()) text += " (every worker says it arrived: the network is slow or partitioned)";
+  text += "; raise devices::Cluster{.timeout} if they are just slow";
+  announce(notice_timeout, w * R, seq, text);
+  std::lock_guard lock(mutex);
+  broken = {broken_state::timeout, -1, text, missing};
+  throw timeout_error(text, missing);
+}
+
+bool group::impl::is_broken() {
+  std::lock_guard lock(mutex);
+  return broken.why != broken_state::none;
+}
+
+void group::impl::announce(std::int64_t kind, int replica, std::int64_t seq, const std::string& text) {
+  std::vector<char> bytes(3 * sizeof(std::int64_t) + text.size());
+  const std::int64_t head[3] = {kind, replica, seq};
+  std::memcpy(bytes.data(), head, sizeof head);
+  std::memcpy(bytes.data() + sizeof head, text.data(), text.size());
+  for (int p = 0; p < W; ++p) {
+    if (p != w) send(p, tag_notice, bytes.data(), bytes.size(), nullptr);
+  }
+}
+
+void group::impl::send(int dest, int tag, const void* bytes, std::size_t n, MPI_Request*) {
+  pending_send& s = sends.emplace_back();
+  s.bytes.assign(static_cast<const char*>(bytes), static_cast<const char*>(bytes) + n);
+  check(MPI_Isend(s.bytes.data(), static_cast<int>(n), MPI_BYTE, dest, tag, control, &s.request), "MPI_Isend (control)");
+}
+
+void group::impl::progress_sends() {
+  for (auto it = sends.begin(); it != sends.end();) {
+    int done = 0;
+    check(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE), "MPI_Test (control send)");
+    it = done ? sends.erase(it) : std::next(it);
+  }
+}
+
+void group::impl::flush_sends() {
+  const auto until = clock::now() + std::chrono::seconds(1);
+  try {
+    while (!sends.empty() && clock::now() < until) {
+      serve_control();
+      progress_sends();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  } catch (...) {
+  }
+}
+
+void group::impl::serve_control() {
+  for (;;) {
+    int flag = 0;
+    MPI_Status status;
+    check(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, control, &flag, &status), "MPI_Iprobe (control)");
+    if (!flag) return;
+    int n = 0;
+    MPI_Get_count(&status, MPI_BYTE, &n);
+    std::vector<char> bytes(static_cast<std::size_t>(std::max(n, 0)));
+    check(MPI_Recv(bytes.data(), n, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, control, MPI_STATUS_IGNORE),
+          "MPI_Recv (control)");
+    const int from = status.MPI_SOURCE;
+    std::int64_t head[3] = {0, 0, 0};
+    std::memcpy(head, bytes.data(), std::min(bytes.size(), sizeof head));
+    std::int64_t& seen = known[static_cast<std::size_t>(from)];
+    if (status.MPI_TAG == tag_query) {
+      seen = std::max(seen, head[0]);  // it asks about a collective it has entered
+      const std::int64_t reply[2] = {sequence, head[0]};
+      send(from, tag_reply, reply, sizeof reply, nullptr);
+    } else if (status.MPI_TAG == tag_reply) {
+      seen = std::max(seen, head[0]);
+      if (head[1] == asked && asked >= 0) replies[static_cast<std::size_t>(from)] = head[0];
+    } else if (status.MPI_TAG == tag_notice && head[0] == notice_timeout) {
+      seen = std::max(seen, head[2]);  // it gave up waiting in that collective
+    } else if (status.MPI_TAG == tag_failure) {
+      learn_failure(from, bytes);
+    }
+    if (status.MPI_TAG == tag_notice && head[0] == notice_timeout && !remote) {
+      broken_state s;
+      s.why = broken_state::timeout;
+      s.replica = static_cast<int>(head[1]);
+      const std::string text(bytes.begin() + static_cast<std::ptrdiff_t>(std::min(bytes.size(), sizeof head)),
+                             bytes.end());
+      s.text = "mirror: worker " + std::to_string(from) + " gave up waiting for this worker: " + text;
+      remote = s;
+    }
+  }
+}
+
+}  // namespace mirror::mpi

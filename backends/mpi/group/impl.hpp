@@ -1,0 +1,626 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Private to libmirror_mpi (not installed): `mirror::mpi::group::impl`, the state of one
+// worker's group and the declarations of its parts, each in its own file:
+//   mpi_group.cpp            the group: construction (collective over the communicator), its
+//                            public collectives (each a job handed to the communication thread)
+//   group/comm_thread.cpp    the communication thread: the hand-off, polling a posted collective,
+//                            the control communicator (who-has-arrived queries, notices), timeouts
+//   group/collectives.cpp    the MPI collectives a job posts, and the agreement check before them
+//   group/recovery.cpp       completing a failed run's collectives on every worker
+// and the helpers they share (MPI datatypes and ops, error texts), below.
+
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <backends/mpi/mpi_group.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+#if defined(__linux__)
+#include <sched.h>
+#endif
+#include <mirror/concepts/device.hpp>  // detail::collective_cancelled_rethrow_me
+#include <mirror/detail/collective.hpp>
+#include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/replica_rows.hpp>
+#include <mirror/error.hpp>
+
+namespace mirror::mpi {
+namespace support {
+
+using clock = std::chrono::steady_clock;
+
+// Control-communicator tags. Data collectives use the data communicator, so tags never mix.
+inline constexpr int tag_query = 1;   // "which collective have you entered?" payload: int64 asked sequence
+inline constexpr int tag_reply = 2;   // payload: int64 {entered sequence, asked sequence}
+inline constexpr int tag_notice = 3;  // payload: int64 {kind, replica, sequence} then text (a timeout)
+// A failure in fn, and every worker's answer to it: int64 {phase, replica, count, n} then n
+// posted_op records (posted_words each) then the failure's text (recover() says how it is used).
+inline constexpr int tag_failure = 4;
+
+enum notice_kind : std::int64_t { notice_failure = 0, notice_timeout = 1 };
+
+// A collective posted on the data communicator, described well enough for a worker that did
+// not post it to post its match (recover()): what, how many elements of which kind, the op or
+// the root. Sent as posted_words int64.
+// post_allgather_words: `count` int64 per worker; post_alltoall: blocks of `count` elements;
+// post_allgather_bytes: blocks of `count` bytes, `op` 1 when in place.
+enum post_kind : std::int64_t { post_allreduce = 0, post_bcast = 1, post_allgather_words = 2, post_alltoallv = 3,
+                                post_allgatherv = 4, post_alltoall = 5, post_allgather_bytes = 6 };
+struct posted_op {
+  std::int64_t seq = 0;      // its number among this worker's posts (impl::sequence)
+  std::int64_t kind = 0;     // post_kind
+  std::int64_t count = 0;    // elements (bytes for a broadcast)
+  std::int64_t element = 0;  // (category << 8) | bytes
+  std::int64_t op = 0;       // ReduceOp, or the root of a broadcast
+  std::int64_t phase = 0;    // the caller's phase when it was posted (not sent)
+};
+inline constexpr std::size_t posted_words = 5;
+
+inline std::int64_t code_of(detail::element_kind k) { return static_cast<std::int64_t>(k.cat) << 8 | k.bytes; }
+inline detail::element_kind kind_of(std::int64_t code) {
+  return {static_cast<detail::element_kind::category>((code >> 8) & 0xff), static_cast<std::uint8_t>(code & 0xff)};
+}
+inline constexpr detail::element_kind int64_kind{detail::element_kind::category::signed_integer, 8};
+
+inline std::string error_text(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "unknown MPI error";
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+[[noreturn]] inline void fail(int code, const std::string& call);
+
+// Builds the message only on failure: the polling loops call it for every MPI_Test.
+inline void check(int code, const char* call, const char* what = nullptr) {
+  if (code != MPI_SUCCESS) fail(code, what == nullptr ? std::string(call) : std::string(call) + " in " + what);
+}
+
+inline void fail(int code, const std::string& call) {
+  int cls = code;
+  MPI_Error_class(code, &cls);
+  throw backend_error("mirror::devices::Cluster: " + call + " failed with MPI error " + std::to_string(code) +
+                          " (class " + std::to_string(cls) + "): " + error_text(code),
+                      code);
+}
+
+inline MPI_Datatype datatype_of(detail::element_kind k) {
+  using C = detail::element_kind::category;
+  switch (k.cat) {
+    case C::floating: return k.bytes == 4 ? MPI_FLOAT : k.bytes == 8 ? MPI_DOUBLE : MPI_LONG_DOUBLE;
+    case C::signed_integer:
+      return k.bytes == 1 ? MPI_INT8_T : k.bytes == 2 ? MPI_INT16_T : k.bytes == 4 ? MPI_INT32_T : MPI_INT64_T;
+    case C::unsigned_integer:
+      return k.bytes == 1 ? MPI_UINT8_T : k.bytes == 2 ? MPI_UINT16_T : k.bytes == 4 ? MPI_UINT32_T : MPI_UINT64_T;
+  }
+  return MPI_BYTE;
+}
+
+inline std::string kind_name(detail::element_kind k) {
+  using C = detail::element_kind::category;
+  const char* base = k.cat == C::floating ? "float" : k.cat == C::signed_integer ? "int" : "uint";
+  return base + std::to_string(8 * k.bytes);
+}
+
+// min and max of floating-point values as everywhere in mirror (detail::minimum, maximum: a NaN
+// on any worker gives NaN, -0 is below +0). MPI defines MPI_MIN and MPI_MAX for ordered values
+// only, and Open MPI's keep whichever operand their comparison picks, so a NaN would survive or
+// vanish depending on the order of the workers.
+template <bool Max>
+void floating_extreme(void* in, void* inout, int* len, MPI_Datatype* type) {
+  auto each = [&](const auto* a, auto* b) {
+    for (int i = 0; i < *len; ++i) b[i] = Max ? detail::maximum(a[i], b[i]) : detail::minimum(a[i], b[i]);
+  };
+  if (*type == MPI_FLOAT) {
+    each(static_cast<const float*>(in), static_cast<float*>(inout));
+  } else if (*type == MPI_DOUBLE) {
+    each(static_cast<const double*>(in), static_cast<double*>(inout));
+  } else {
+    each(static_cast<const long double*>(in), static_cast<long double*>(inout));
+  }
+}
+inline MPI_Op floating_min = MPI_OP_NULL, floating_max = MPI_OP_NULL;  // made once MPI is initialised
+inline std::once_flag floating_ops_made;
+inline void make_floating_ops() {
+  std::call_once(floating_ops_made, [] {
+    check(MPI_Op_create(&floating_extreme<false>, 1, &floating_min), "MPI_Op_create (min)");
+    check(MPI_Op_create(&floating_extreme<true>, 1, &floating_max), "MPI_Op_create (max)");
+  });
+}
+
+inline MPI_Op op_of(ReduceOp op, detail::element_kind kind) {
+  const bool floating = kind.cat == detail::element_kind::category::floating;
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::mean: return MPI_SUM;
+    case ReduceOp::prod: return MPI_PROD;
+    case ReduceOp::min: return floating ? floating_min : MPI_MIN;
+    case ReduceOp::max: return floating ? floating_max : MPI_MAX;
+  }
+  return MPI_SUM;
+}
+
+// A 62-bit mix of what must agree across workers, so that {key, -key} under MAX tells equal
+// from unequal in one 2-element all-reduce.
+inline std::int64_t agreement_key(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+  std::uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (std::uint64_t x : {a, b, c}) {
+    h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+  }
+  return static_cast<std::int64_t>(h & 0x3fffffffffffffffull);
+}
+
+/// Keeps the buffers of a non-blocking MPI operation that was given up on alive until the
+/// process ends. Open MPI 4.1 cannot cancel a posted collective, and libnbc goes on advancing it
+/// inside every later MPI call of the process, writing into its buffers whenever a peer's message
+/// for it arrives. The agreement check's buffers were once on the communication thread's stack:
+/// a later thread that reused that stack had its saved registers overwritten by an agreement key
+/// (a SIGBUS in serve_control, in 5 of 30 ThreadSanitizer runs of tests/mpi/failure_test.cpp
+/// with 3 workers, in the first collective after the "exception in fn" case). Such buffers are
+/// now on the heap, and handed here when their operation is abandoned.
+template <class T>
+void keep_until_exit(std::unique_ptr<T[]>& buffer) noexcept {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<void*>();  // never destroyed: MPI may write until MPI_Finalize
+  std::lock_guard lock(mutex);
+  try {
+    kept->push_back(buffer.get());
+  } catch (...) {
+    // Out of memory: the buffer is still never freed, just not listed.
+  }
+  (void)buffer.release();
+}
+
+inline std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
+
+}  // namespace support
+using namespace support;  // (this header is included only by libmirror_mpi's own files)
+
+struct group::impl {
+  struct job {
+    enum kind_t { check, reduce, bcast, scatter, gather, counts } kind;
+    void* data;
+    std::size_t count;  // elements (reduce, check) or bytes (bcast)
+    detail::element_kind element;
+    ReduceOp op;
+    int root;
+    const char* what;
+    bool checked;
+    std::exception_ptr error;
+    bool in_worker_order = false;  // reduce: fold the workers' values in worker order (see reduce_in_worker_order)
+    bool checks_broadcast = false;  // check: of a broadcast from `root` of leaves `sizes` (check_broadcast)
+    // The caller's collective of fn (detail::current_position, read on the caller's thread), for
+    // messages; sequence 0 outside fn (then `what` names the API).
+    detail::collective_position position{};
+    std::int64_t phase = 0;  // the caller's phase (impl::phase) when it handed the job over
+    // scatter: the leaf sizes (count: their sum) and where the worker's range goes; gather: the
+    // leaves and the W*K counts (count: all leaves' bytes); counts: `out` gets W*count words.
+    const std::size_t* sizes = nullptr;
+    std::size_t num_sizes = 0;
+    void* out = nullptr;
+    void* const* leaves = nullptr;
+    clock::rep done_at = 0;          // when the thread finished it (written before `done`)
+    std::atomic<bool> done{false};  // set (under mutex) after everything else the thread writes
+  };
+  // Why the group cannot be used any more (guarded by mutex).
+  struct broken_state {
+    enum { none, timeout, mpi_error } why = none;
+    int replica = -1;
+    std::string text;
+    std::vector<int> missing;
+  };
+
+  MPI_Comm data = MPI_COMM_NULL, control = MPI_COMM_NULL;
+  int W = 1, w = 0, R = 1;
+  bool worker_order = false;  // floating-point reductions fold in worker order (set before any collective)
+  // Whether a reduction of `kind` folds in worker order. Integer reductions are exact in any
+  // order (two's complement wraps alike): they keep MPI's own.
+  bool in_worker_order(detail::element_kind kind) const noexcept {
+    return worker_order && kind.cat == detail::element_kind::category::floating;
+  }
+  unsigned cores = 1;  // this worker's share of its host's cores
+  std::chrono::milliseconds timeout;
+  bool validate = true;
+  // After a collective the thread spins (yielding) this long for the next job before parking
+  // (4-byte all-reduce loop, 2 workers: 41 -> 23 us per call).
+  static constexpr std::chrono::microseconds idle_spin{100};
+  // The caller spins (yielding) this long for its job before parking on the condition variable:
+  // a yield hands the core to the communication thread as a park would, but the return costs
+  // no futex wake-up. Measured together with wait()'s yield every 8th MPI_Test instead of every
+  // one (2 workers x 1 replica, bench/mpi_cluster_bench, no shape check, medians of 8 alternated
+  // pairs): 4 B 18 -> 9-13 us per call, 64 KiB 55-78 -> 37-56 us; either change alone moved
+  // neither.
+  static constexpr std::chrono::microseconds caller_spin{100};
+  // How long a wait polls MPI_Test without yielding (see wait()). 2 workers x 1 replica,
+  // medians of 8 alternated pairs against the yield every 8 tests: 4 B 19.5 -> 11.4-12.2 us
+  // per call (shape check on), 64 KiB 1.71-2.12x -> 1.29-1.31x raw MPI, 1 MiB 1.00-1.07x ->
+  // 0.93-0.94x; 3 workers on 2 cores: no change beyond the noise.
+  static constexpr std::chrono::milliseconds unyielding_wait{1};
+  // Both spins above yield: the cheapest hand-off while nothing but this worker's threads wants
+  // the core. When another process is runnable on it, though, a yield hands that process a
+  // whole time slice (a tick, 4 ms at 250 Hz): with one busy loop beside 2 workers x 1 replica
+  // on 2 cores, a 4-byte all-reduce took 3.7 ms and a 64 KiB one 4.0 ms, against 36 us and
+  // 66 us when both threads park at once (a parked thread is woken ahead of such a process).
+  // So each spin measures how late it saw the flag it waited for: later than `late_hand_off`
+  // means the core was taken, and every hand-off of this worker then parks at once for
+  // `parking_period` before spinning is tried again (a loaded machine costs one late hand-off
+  // per period, not one per collective). 500 us: far below a time slice, far above the
+  // host's own jitter (50 us parked idle workers often enough to cost 4 B calls 30-60 %).
+  // Measured with the busy loop, alternated: 4 B 3.8-4.0 ms -> 32-99 us, 64 KiB 3.5-3.9 ms ->
+  // 68-153 us; without it no change beyond the noise.
+  static constexpr std::chrono::microseconds late_hand_off{500};
+  static constexpr std::chrono::milliseconds parking_period{100};
+  std::atomic<clock::rep> spin_from{0};   // hand-offs park, not spin, before this time
+  std::atomic<clock::rep> posted_at{0};   // when the caller posted `current`
+  /// One side of a hand-off: spins (yielding) for up to `limit` from `now` until `flag` is set
+  /// by the other side, which stamped `set_at` before setting it; a late sighting starts a
+  /// parking period. Returns at once while one is running. The caller parks afterwards (its
+  /// wait re-checks the flag under the mutex).
+  template <class SetAt>
+  void spin_for(const std::atomic<bool>& flag, SetAt set_at, clock::time_point now, clock::duration limit) noexcept {
+    if (now.time_since_epoch().count() < spin_from.load(std::memory_order_relaxed)) return;
+    const auto until = now + limit;
+    while (!flag.load(std::memory_order_acquire) && now < until) {
+      std::this_thread::yield();
+      now = clock::now();
+    }
+    if (flag.load(std::memory_order_acquire) &&
+        now.time_since_epoch().count() - set_at() > clock::duration(late_hand_off).count()) {
+      spin_from.store((now + parking_period).time_since_epoch().count(), std::memory_order_relaxed);
+    }
+  }
+
+  // Caller <-> communication thread.
+  std::mutex caller_mutex;  // serialises callers (held for a whole job; never by the thread)
+  std::mutex mutex;
+  std::condition_variable wake_comm, wake_caller;
+  job* current = nullptr;  // the job being handed over or run
+  bool taken = false;      // the communication thread has taken `current`
+  std::atomic<bool> posted{false};  // `current` is set and not taken: what the idle thread spins on
+  bool stop = false;
+  bool shut_down = false;  // the thread has ended (destruction, or MPI_Finalize's callback)
+  int keyval = MPI_KEYVAL_INVALID;  // attribute on MPI_COMM_SELF whose deletion (MPI_Finalize) stops us
+  broken_state broken;
+  std::vector<std::exception_ptr> symmetric;  // errors raised on every worker together: not forwarded
+  std::thread thread;
+
+  // Open MPI's libnbc picks its binomial MPI_Iallreduce (reduce to a root, then broadcast) for
+  // every in-place call and for fewer than 4 ranks, which measured 2.1-2.5x slower than the
+  // blocking MPI_Allreduce at 64 KiB-16 MiB, 2 ranks; its ring algorithm measured 0.97-1.15x
+  // (raw MPI, same run, alternated). So for in-place all-reduces of >= 64 KiB (libnbc's own
+  // threshold) the communication thread selects the ring through the MPI_T control variable
+  // `coll_libnbc_iallreduce_algorithm` for the one call that posts the collective, and puts
+  // `ignore` back — only where the variable exists, is settable and nobody chose a value (an
+  // `--mca` setting wins). Every worker decides alike (the count is checked equal, and the
+  // construction agrees whether every worker can set the variable), so the schedules match.
+  // The choice is read when a collective is posted: another thread of the program posting its own MPI_Iallreduce in that instant could get the ring on one worker
+  // only; that needs MPI calls concurrent with mirror's, which the calling rules already
+  // restrict to MPI_THREAD_MULTIPLE programs.
+  // With 2 workers the ring already wins from 4 KiB: binomial sends the whole buffer, which from
+  // 4 KiB no longer fits Open MPI's shared-memory eager limit, the ring sends halves (raw MPI,
+  // 2 ranks, alternated in one process: 4 KiB 7.0-7.3 us binomial, 1.6 us ring, 1.2-1.3 us
+  // blocking; 2 KiB 1.2-2.0 / 1.3-2.1 us, no gain). Two operands combine to the same bits in
+  // either order, so for 2 workers the switch changes no result; with more it changes the
+  // order of the sum, so they keep libnbc's own 64 KiB.
+  static constexpr std::size_t ring_threshold_bytes = 64 * 1024;
+  static constexpr std::size_t two_worker_ring_threshold_bytes = 4 * 1024;
+  struct libnbc_algorithm {
+    bool usable = false;
+    bool t_initialised = false;
+    MPI_T_cvar_handle handle = MPI_T_CVAR_HANDLE_NULL;
+    void open() {
+      int provided = 0;
+      if (MPI_T_init_thread(MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) return;
+      t_initialised = true;
+      int index = -1, count = 0, value = -1;
+      if (MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &index) != MPI_SUCCESS) return;
+      if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) != MPI_SUCCESS || count != 1) return;
+      if (MPI_T_cvar_read(handle, &value) != MPI_SUCCESS || value != 0) return;  // the user chose one
+      usable = set(1) && set(0);  // settable at run time (not read-only / set-once)
+    }
+    bool set(int value) { return MPI_T_cvar_write(handle, &value) == MPI_SUCCESS; }
+    void close() {
+      usable = false;
+      if (handle != MPI_T_CVAR_HANDLE_NULL) MPI_T_cvar_handle_free(&handle);
+      if (t_initialised) MPI_T_finalize();
+      t_initialised = false;
+    }
+  };
+  libnbc_algorithm ring_algorithm;  // used by the communication thread only (after construction)
+
+  // Communication-thread state.
+  std::int64_t sequence = 0;  // collectives entered so far (the last one's number)
+  struct pending_send {
+    std::vector<char> bytes;
+    MPI_Request request;
+  };
+  std::list<pending_send> sends;
+  std::vector<MPI_Request> abandoned;  // collectives given up on (MPI cannot cancel them)
+  std::int64_t asked = -1;             // the sequence of our open query
+  std::vector<std::int64_t> replies;   // per worker: the sequence it had entered, -1 = no reply
+  std::vector<std::int64_t> known;     // per worker: the highest sequence it is known to have entered
+  std::optional<broken_state> remote;  // a notice received from another worker
+
+  // ---------------- recovery from a failure in fn (recover()) ----------------
+  // The caller's phase: next_phase() advances it as each run starts and as it ends, on every
+  // worker alike (runs are collective), so a failure names the run it ended and a job tells that
+  // run's collectives from later ones. Written by the caller; jobs carry it to this thread.
+  std::atomic<std::int64_t> phase{0};
+  // What kind of error the failed run's first failure was: the other workers throw the same
+  // kind (a mismatch or a missing replica inside one worker is a shape_error or timeout_error
+  // on every worker, not a replica_error).
+  enum failure_kind : std::int64_t { failed_in_fn = 0, failed_shape = 1, failed_timeout = 2 };
+  struct failure_info {
+    std::int64_t phase = -1;  // the failed run's phase; -1: none yet
+    int replica = -1;         // the global replica whose fn threw (the lowest known)
+    std::string text;         // what it threw
+    std::int64_t kind = failed_in_fn;
+    std::vector<int> missing;  // failed_timeout: the global replicas that did not arrive
+  };
+  failure_info failure;  // the latest failed run (guarded by mutex)
+  std::atomic<std::int64_t> local_failed_phase{-1};  // report_failure's news for this thread
+  // Communication-thread state of the recovery.
+  std::int64_t job_phase = 0;  // the phase of the job being executed (or of the last one)
+  std::int64_t drained = -1;   // the last failed phase recovered from
+  std::int64_t pending = -1;   // a failed phase learned of and not recovered from yet
+  std::deque<posted_op> posts;  // this worker's posts of the last phases (a recovery sends them)
+  std::vector<std::pair<std::int64_t, std::int64_t>> phase_starts;  // (phase, sequence before its first job)
+  struct status {
+    std::int64_t count = 0;        // the worker's posts up to the end of the failed phase
+    std::vector<posted_op> posts;  // those of them in that phase
+  };
+  std::map<std::int64_t, std::vector<std::optional<status>>> statuses;  // per failed phase, per worker
+
+  // ---------------- the broken state (call with mutex held) ----------------
+  std::exception_ptr broken_error() const;
+
+  // ---------------- caller side ----------------
+  void run(job& j);
+
+  /// Ends the communication thread and frees the communicators; idempotent. Called by the
+  /// destructor, or by MPI_Finalize (through the MPI_COMM_SELF attribute) when the program
+  /// finalizes MPI first — so the thread never makes an MPI call after MPI_Finalize.
+  void shutdown();
+
+  static int on_finalize(MPI_Comm, int, void* attribute, void*);
+
+  // ---------------- communication thread ----------------
+  void main_loop();
+
+  void mark_broken_mpi(const std::exception_ptr& e);
+
+  // How messages name job j: the user's collective as numbered in fn, or the API outside fn.
+  static std::string where_of(const job& j);
+  std::string where;  // where_of(the job being executed), for wait()'s messages
+
+  void execute(job& j);
+
+  /// An all-reduce whose every element folds the workers' values in worker order, (((x0 op x1)
+  /// op x2) ...), whatever MPI's algorithms and settings (docs/multi-worker.md#bits): worker p gets
+  /// slice p of every worker's buffer (MPI_Ialltoallv), folds the W copies in worker order
+  /// (MPI_Reduce_local: inout = in op inout, and a op b == b op a bitwise for IEEE sums and
+  /// products, so each step is acc op x_p), and every worker gathers every slice
+  /// (MPI_Iallgatherv in place). The bytes moved equal a ring all-reduce's: 2 (W-1)/W of the
+  /// buffer per worker.
+  /// Worker p's slice of `n` elements: balanced, as input rows over replicas.
+  void slices(std::size_t n, std::vector<int>& counts, std::vector<int>& displs) const;
+
+  void reduce_in_worker_order(job& j);
+
+  /// A collective of nothing that still completes only once every worker has posted it: one
+  /// int64 all-reduce (max), in place of an empty payload.
+  void sync(job& j);
+
+  /// Worker p's range of each of the `K` leaves of `sizes` in a reduce-scatter over the W*R
+  /// global replicas: the cuts of its replicas p*R .. p*R+R-1, [first[k*W+p], first + count).
+  void worker_ranges(const std::size_t* sizes, std::size_t K, std::vector<std::size_t>& first,
+                     std::vector<std::size_t>& count) const;
+
+  /// A reduce-scatter with the bits of the all-reduce (worker_group::reduce_scatter). Where the
+  /// all-reduce folds in worker order, or where any order gives the same bits (integers; two
+  /// workers, one operation per element), an all-to-all of each worker's ranges and a fold in
+  /// worker order as reduce_in_worker_order does it: the bytes of MPI_Reduce_scatter,
+  /// (W-1)/W of the buffer per worker. The blocks are the largest worker's range (they differ
+  /// by at most R elements per leaf), so that a worker that never posted it can post its match
+  /// from one number (recover()). Otherwise (floating point in MPI's order, three workers or
+  /// more) only the all-reduce itself gives its bits: the same MPI_Iallreduce of the whole
+  /// buffer, of which the worker keeps its range.
+  void scatter(job& j);
+
+  /// worker_group::all_gather: one MPI_Iallgather of blocks of the largest worker's bytes
+  /// (a worker that never posted it can post its match from that one number), in place when
+  /// there is one leaf and every worker's block has that size; otherwise packed and unpacked.
+  void gather(job& j);
+
+  /// worker_group::all_gather_counts: one MPI_Iallgather of `count` words per worker.
+  void gather_counts(job& j);
+
+  /// A 64-bit mix of a text (the API a job names): equal texts, equal hashes.
+  static std::uint64_t text_hash(const char* text) noexcept;
+
+  // One worker's description of its collective, gathered only on a mismatch: count, element,
+  // what_kind, flag | leaves << 8, its position in fn (sequence; kind << 32 | param), its phase,
+  // then the API's name (what_words int64, NUL-padded, cut short if longer).
+  static constexpr std::size_t what_words = 10;
+  static constexpr std::size_t description_words = 7 + what_words;
+
+  /// The agreement check: {key, -key} under MAX; on a mismatch every worker gathers every
+  /// worker's description and throws the same error. The key covers what the collective moves
+  /// (count, element type, op or root, leaf sizes) and which call of the program it is: the
+  /// user's collective in fn (its number, kind and op or root, as ReplicaContext numbers them) or
+  /// the cross-replica API outside fn (`what`), and the run (the phase), so that two different
+  /// calls never pair, however alike their payloads (a Strategy::reduce outside run against an
+  /// all_reduce in fn; collective #1 of one run against collective #1 of the next). Phases stay
+  /// equal on every worker: runs are collective, and a disagreement realigns them (resync_phase).
+  void agree(job& j);
+
+  /// The error of a failed agreement check, from every worker's description (`all`, W of
+  /// description_words): the same text and type on every worker. Every worker also aligns its
+  /// phase with the others' (resync_phase), so that a worker that made a call outside run while
+  /// the others ran fn still tells the same runs apart afterwards.
+  [[noreturn]] void throw_disagreement(const std::int64_t* all);
+
+  /// After a failed agreement check: moves this worker's phase to where the others' will be once
+  /// every worker's current call has ended (a run ends on an even phase), so that phases keep
+  /// naming the same runs on every worker. Runs on the communication thread while the caller
+  /// waits for this job, so nothing else advances the phase meanwhile.
+  void resync_phase(const std::int64_t* all);
+
+  /// wait(), and when it gives up, `buffer` (the request's) is kept alive for the rest of the
+  /// process, since MPI may still write into it.
+  template <class T>
+  void wait_keeping(MPI_Request& request, const char* what, std::unique_ptr<T[]>& buffer) {
+    try {
+      wait(request, what);
+    } catch (...) {
+      keep_until_exit(buffer);
+      throw;
+    }
+  }
+
+  /// Polls `request` to completion, serving the control communicator meanwhile. A failure in fn
+  /// of this run (on any worker) ends it with replica_error once recover() has completed it; one
+  /// of an earlier run is recovered from, and the wait goes on. timeout_error after the timeout.
+  void wait(MPI_Request& request, const char* what);
+
+  // Another worker gave up waiting for this one before this collective started: it is the late
+  // worker, and fails the same way.
+  [[noreturn]] void adopt_remote(job&);
+
+  /// Asks every peer which collective it has entered; names those behind; marks the group
+  /// broken and tells the peers (so a late worker fails at its next collective, not after
+  /// its own timeout).
+  [[noreturn]] void time_out(clock::time_point start, const char*);
+
+  // ---------------- recovery from a failure in fn ----------------
+  //
+  // MPI matches the collectives of a communicator by their order alone, and Open MPI 4.1 cannot
+  // cancel one: once a worker has posted a collective that another will never post (its run
+  // failed first), the next collective anyone posts would pair with it, with another's data.
+  // So after a run fails on any worker, every worker completes every post of that run before it
+  // posts anything later:
+  //  1. Each worker learns of the failure: its own replica's (report_failure), or another
+  //     worker's message. It then sends every other worker its status: how many collectives it
+  //     has posted up to the end of the failed run, and what the last ones were (posted_op).
+  //     The same message tells a worker that has not heard of the failure yet.
+  //  2. With every worker's status, each knows M, the most any worker posted in that run, and
+  //     posts a dummy of each of the collectives it lacks up to M, as the worker that posted it
+  //     described it: every post of the run now has its match on every worker, and completes.
+  //  3. Each waits for its own outstanding post of the failed run (the one its job was waiting
+  //     in) and its dummies; then the data communicator holds nothing stale, and every worker
+  //     stands at the same count M.
+  // A worker that finished the failed run without noticing (its fn called no collective after
+  // the failure) posted all of that run's collectives, so M is its count and it posts nothing:
+  // its later collectives (already posted, perhaps) pair with the others', which they post after
+  // their recovery. A job of the failed run is not posted at all (throw_if_failed); one that was
+  // waiting throws replica_error after step 3, so no buffer is abandoned to MPI. Waiting for the
+  // statuses and for step 3 is bounded by the timeout; past it the group is broken as after any
+  // timeout.
+
+  static constexpr std::size_t kept_posts = 16;  // a recovery needs the last job's few
+
+  void log_post(post_kind kind, std::size_t count, std::int64_t element, std::int64_t op);
+
+  bool use_ring(std::size_t bytes) const;
+
+  bool is_broken();
+
+  void note_local_failure();
+
+  /// Ends a job of the failed run. On the worker where the failure happened its replica's own
+  /// exception is what the run reports (with the original nested): the job is only cancelled, as
+  /// the local runtime cancels the other replicas. Elsewhere the job throws the failure's kind
+  /// with its text: a replica_error (message only; the original exception stays on its worker),
+  /// or the same shape_error or timeout_error (with the same missing replicas).
+  [[noreturn]] void throw_failure();
+  void throw_if_failed(std::int64_t ph);
+
+  /// This worker's posts up to the end of phase `failed`.
+  std::int64_t count_through(std::int64_t failed) const;
+
+  // tag_failure's message: head_words int64 {phase, replica, count, n, kind, m}, then n posted_op
+  // records (posted_words each), then m missing replicas (int64 each), then the failure's text.
+  static constexpr std::size_t head_words = 6;
+
+  void learn_failure(int from, const std::vector<char>& bytes);
+
+  void send_status(std::int64_t failed, const status& mine);
+
+  // A dummy's request and what must outlive it.
+  struct dummy {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::unique_ptr<unsigned char[]> buffer, rows;
+    std::vector<int> counts, displs, from, at;
+  };
+
+  /// Posts the match of `o` (another worker's post), with data that nobody reads.
+  void post_dummy(const posted_op& o, dummy& d);
+
+  /// The recovery from the failure of phase `failed` (see above). `interrupted`: this worker's
+  /// post of that run that a job was waiting in, or null.
+  void recover(std::int64_t failed, MPI_Request* interrupted);
+
+  // ---------------- leaving: the strategy's destruction ----------------
+  // Every worker destroys its strategy at the same point of the program, but not at the same
+  // instant: one whose last run failed may still be recovering, and the others must still answer
+  // it (its status, its dummies). So a worker that leaves first finishes its own recovery, then
+  // tells the others it leaves (on tag_failure, after any status it sent, so a receiver has
+  // every status of that worker once it sees it leave), and serves the control communicator,
+  // recovering where asked, until every other worker has said so too; bounded by the timeout.
+  // After a timeout or an MPI error (broken) nobody waits.
+  static constexpr std::int64_t leaving = -2;  // tag_failure's phase field of a leave message
+  std::vector<char> left;                      // per worker: it said it leaves
+
+  void leave();
+
+  [[noreturn]] void fail_recovery(const std::string& why);
+
+  /// The recovery's timeout: the workers that did not `step` in time are named, and the group is
+  /// broken (its dummies' buffers are kept: MPI may still write into them).
+  [[noreturn]] void give_up(std::int64_t failed, clock::time_point start, const char* step,
+                            std::vector<dummy>* dummies);
+
+  void announce(std::int64_t kind, int replica, std::int64_t seq, const std::string& text);
+
+  void send(int dest, int tag, const void* bytes, std::size_t n, MPI_Request*);
+
+  void progress_sends();
+
+  // Gives queued notices a moment to leave before the thread ends (a peer that is told fails
+  // at once instead of after its timeout); never blocks on an unreachable peer.
+  void flush_sends();
+
+  void serve_control();
+};
+
+}  // namespace mirror::mpi
