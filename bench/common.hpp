@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Shared harness of the benchmark programs (style.md, convention 13): the JSON context, the
+// Shared harness of the benchmark programs (docs/design.md#benchmarks): the JSON context, the
 // policy names, the nccl-tests bus bandwidth counter, and the hand-written std::thread team the
 // baselines run on. Every program registers its benchmarks by name, with named axes
 // (`verb/impl:X/type:T/replicas:R/bytes:S`), and also stores replicas and bytes as counters so

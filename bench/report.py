@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Reads bench/results/raw/ (written by bench/report.sh) and writes report.md and the plots.
+"""Reads bench/results/raw/ (written by bench/report.sh) and writes the report and the plots
+into OUT_DIR (bench/report.sh: bench/results/report.md and its PNGs).
 
    report.py RAW_DIR OUT_DIR [--command CMD] [--rounds N] [--repetitions N]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Runs the benchmark suite against its baselines and writes bench/results/: the raw JSON of every
-# run, report.md (the tables in docs/performance.md) and the PNG plots.
+# run, bench/results/report.md (the tables in docs/performance.md) and the PNG plots.
 #
 #   bench/report.sh [--build DIR] [--rounds 3] [--repetitions 3] [--min-time 0.2] [--quick]
 #
@@ -9,7 +9,7 @@
 # interleaved, so mirror and its in-binary baselines take turns), then the MPI baseline
 # (mpirun -np R, the same sizes), then the compile-time comparison; rounds repeat that, so load
 # from elsewhere hits every competitor alike. A figure is the median over all its repetitions
-# of all rounds; report.md also gives the spread. --quick: 1 round, 1 repetition, 0.05 s (a
+# of all rounds; the report also gives the spread. --quick: 1 round, 1 repetition, 0.05 s (a
 # check that everything runs, not a measurement).
 # Needs (Debian 12): libbenchmark-dev, libopenmpi-dev + openmpi-bin (the MPI baseline; skipped
 # with a note when absent), gnuplot-nox (the plots; skipped when absent). ./dev.sh bench

@@ -55,8 +55,9 @@ template <class T> struct is_variable : std::false_type {};
 template <class T> struct is_variable<MirroredVariable<T>> : std::true_type {};
 template <class T> struct is_variable<SyncOnReadVariable<T>> : std::true_type {};
 
-/// What replica r holds for one argument of run (architecture.md 2.1): a reference to its
-/// component or copy, a reference to a shared value, or (variables) a replica-local handle.
+/// What replica r holds for one argument of run (docs/guide.md#run-and-the-values-it-returns): a
+/// reference to its component or copy, a reference to a shared value, or (variables) a
+/// replica-local handle.
 template <class A, class Context>
 decltype(auto) hold_for_replica(A&& a, int r, Context& ctx) {
   using D = std::remove_cvref_t<A>;
@@ -179,8 +180,8 @@ class Strategy {
   /// every other argument itself, shared, as `const&` — except on a device whose memory the
   /// replicas' threads cannot read (`devices::Cuda`), where a shared nest of host arrays and
   /// scalars is copied to each replica's device first and arrives as the same shape of device
-  /// views (architecture.md 2.7; mirror/detail/staged_argument.hpp). `fn` is called from
-  /// several threads at once: it must not mutate captured state without synchronisation.
+  /// views (docs/cuda.md#host-arguments-of-run; mirror/detail/staged_argument.hpp). `fn` is called
+  /// from several threads at once: it must not mutate captured state without synchronisation.
   ///
   /// **Returns**: `void` if `fn` does; `Mirrored<T>` if `fn` returns `Synced<T>`; a tuple
   /// (`std::tuple`, `std::pair`, `boost::hana::tuple`) lifted element by element; otherwise
@@ -259,12 +260,13 @@ class Strategy {
   /// Works in cross-replica context: outside `run` (parallel over the device's threads) and inside
   /// a `merge_call` function (on the calling thread).
   ///
-  /// **Device-resident leaves** (`thrust::device_vector` on `devices::Cuda`; architecture.md
-  /// 2.7): the host never reads them. The replicas all-reduce their components on their own
-  /// devices and streams through the `Ops` policy (so the combination order is the policy's),
-  /// then only replica 0's stream — which already waits for every other stream's part of the
-  /// collective — is synchronised, and replica 0's result is returned (a copy made by T's own
-  /// copy constructor). Outside `run` only: inside `merge_call` it throws `mirror::error`.
+  /// **Device-resident leaves** (`thrust::device_vector` on `devices::Cuda`;
+  /// docs/cuda.md#device-values-on-the-host): the host never reads them. The replicas all-reduce
+  /// their components on their own devices and streams through the `Ops` policy (so the combination
+  /// order is the policy's), then only replica 0's stream — which already waits for every other
+  /// stream's part of the collective — is synchronised, and replica 0's result is returned (a copy
+  /// made by T's own copy constructor). Outside `run` only: inside `merge_call` it throws
+  /// `mirror::error`.
   template <class V>
   auto reduce(ReduceOp op, const V& value) {
     static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
@@ -605,7 +607,7 @@ class Strategy {
 
   /// What replica r's fn receives for argument a: `detail::hold_for_replica`, except that on a
   /// device the replicas' threads cannot read, a shared host value is first copied to replica r's
-  /// device (architecture.md 2.7; mirror/detail/staged_argument.hpp).
+  /// device (docs/cuda.md#host-arguments-of-run; mirror/detail/staged_argument.hpp).
   template <class A>
   decltype(auto) hold(A& a, int r, context_type& ctx, std::size_t& slot) {
     using D = std::remove_cvref_t<A>;

@@ -40,7 +40,8 @@ class SyncOnReadVariable {
                 "mirror::SyncOnReadVariable<T>: a variable owns its copies; use owning leaves (std::vector, "
                 "std::array, mirror::matrix, scalars), not std::span or mirror::matrix_view");
   // Cross-replica reads and updates of a variable run on the host (value(), assign, the
-  // aggregation): GPU memory there would be a host read of device memory (architecture.md 2.7).
+  // aggregation): GPU memory there would be a host read of device memory
+  // (docs/cuda.md#device-values-on-the-host).
   static_assert(!detail::has_device_leaf<T>(),
                 "mirror::SyncOnReadVariable<T>: variables of device-resident leaves (mirror::cuda::device_span, "
                 "thrust::device_vector) are not supported; keep the variable in host leaves (std::vector: "

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Core never includes a backend (style.md, convention 6; issue 2 acceptance).
+"""Core never includes a backend (docs/design.md#layers).
 
   check_core_includes.py ROOT
 

@@ -46,7 +46,7 @@ struct leaf_traits<cuda::device_span<E>,
   using element_type = E;
   static constexpr int rank = 1;
   static constexpr bool is_view = true;
-  // GPU memory: mirror never reads it on the host (leaf_traits.hpp, architecture.md 2.7).
+  // GPU memory: mirror never reads it on the host (mirror/leaf_traits.hpp, docs/cuda.md#leaves).
   static constexpr bool device_resident = true;
   static constexpr bool resizable = false;
   static std::span<E> elements(const cuda::device_span<E>& x) noexcept { return {x.data, x.size}; }

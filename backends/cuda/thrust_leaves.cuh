@@ -21,7 +21,7 @@ struct leaf_traits<thrust::device_vector<E, A>, std::enable_if_t<std::is_arithme
   using element_type = E;
   static constexpr int rank = 1;
   static constexpr bool is_view = false;
-  // GPU memory: mirror never reads it on the host (leaf_traits.hpp, architecture.md 2.7).
+  // GPU memory: mirror never reads it on the host (mirror/leaf_traits.hpp, docs/cuda.md#leaves).
   static constexpr bool device_resident = true;
   static constexpr bool resizable = true;
   static std::span<E> elements(thrust::device_vector<E, A>& x) noexcept {

@@ -48,7 +48,7 @@ namespace mirror::ops {
 /// type and op (`Cluster{.validate_shapes}`): a mismatch is a `shape_error`, a worker that does
 /// not come a `timeout_error` naming it, before any NCCL call could wait for it on the GPU.
 /// **Communication**: NCCL's ring or tree, about 2·(N-1)/N·S bytes per replica. A call returns
-/// once the all-reduce is enqueued on the replica's stream (architecture.md 2.7); a watchdog
+/// once the all-reduce is enqueued on the replica's stream (docs/cuda.md#the-device); a watchdog
 /// checks each one's completion at the replica's next NCCL call (waiting only when 16 are
 /// unfinished) and aborts the communicators if one is not done within the device's `timeout`.
 struct NcclAllReduce {
@@ -169,17 +169,17 @@ struct NcclAllReduce {
     }
   }
 
-  /// The `reduce_scatter` of the ops-policy interface (architecture.md 2.9), called by every
-  /// replica for the leaves of one element type: one `ncclReduceScatter` per non-empty leaf, in
-  /// one NCCL group on the replica's stream, returning once enqueued and watched as `all_reduce`
-  /// is. Cut g of a leaf of n elements is `detail::replica_rows(n, N, g)` (the first n mod N
-  /// replicas one element more), which NCCL's equal blocks match only when N divides n: such a
-  /// leaf is reduce-scattered from itself (in place when `out` is its own cut), any other is
-  /// copied into N blocks of ceil(n/N) of the replica's scratch (block r = cut r and a zero),
-  /// reduce-scattered there, and its cut copied out. (Chosen over N `ncclReduce` calls, one
-  /// rooted at each cut: the same bytes on the links, but N collectives per leaf instead of one,
-  /// so N launches and latencies; the copies cost two device-memory passes over the leaf, far
-  /// below the links' share.) `num_packs` does not apply: the group launches the leaves together.
+  /// The `reduce_scatter` of the ops-policy interface (mirror/concepts/cross_device_ops.hpp),
+  /// called by every replica for the leaves of one element type: one `ncclReduceScatter` per
+  /// non-empty leaf, in one NCCL group on the replica's stream, returning once enqueued and watched
+  /// as `all_reduce` is. Cut g of a leaf of n elements is `detail::replica_rows(n, N, g)` (the
+  /// first n mod N replicas one element more), which NCCL's equal blocks match only when N divides
+  /// n: such a leaf is reduce-scattered from itself (in place when `out` is its own cut), any other
+  /// is copied into N blocks of ceil(n/N) of the replica's scratch (block r = cut r and a zero),
+  /// reduce-scattered there, and its cut copied out. (Chosen over N `ncclReduce` calls, one rooted
+  /// at each cut: the same bytes on the links, but N collectives per leaf instead of one, so N
+  /// launches and latencies; the copies cost two device-memory passes over the leaf, far below the
+  /// links' share.) `num_packs` does not apply: the group launches the leaves together.
   ///
   /// **Bits**: `min` and `max` are exact, integer ops exact (as two's complement), and with one
   /// or two replicas every op gives the same bits as `all_reduce` (two operands commute
@@ -214,12 +214,12 @@ struct NcclAllReduce {
                                in.sizes, scratch, rt.timeout());
   }
 
-  /// The `all_gather` of the ops-policy interface (architecture.md 2.9), called by every replica
-  /// for the leaves of one element type: for a leaf whose count is the same on every replica one
-  /// `ncclAllGather`, otherwise one `ncclBroadcast` per replica with a non-empty piece, rooted
-  /// there and received at its offset (NCCL's recipe for an all-gather of unequal counts), all in
-  /// one NCCL group on the replica's stream, returning once enqueued and watched as `all_reduce`
-  /// is. Copies are exact: every replica receives the same bits.
+  /// The `all_gather` of the ops-policy interface (mirror/concepts/cross_device_ops.hpp), called by
+  /// every replica for the leaves of one element type: for a leaf whose count is the same on every
+  /// replica one `ncclAllGather`, otherwise one `ncclBroadcast` per replica with a non-empty piece,
+  /// rooted there and received at its offset (NCCL's recipe for an all-gather of unequal counts),
+  /// all in one NCCL group on the replica's stream, returning once enqueued and watched as
+  /// `all_reduce` is. Copies are exact: every replica receives the same bits.
   template <class Rt, class E>
     requires std::derived_from<Rt, cuda::runtime>
   void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,

@@ -29,7 +29,7 @@
 namespace mirror::nccl::impl {
 
 // How many all-reduces a rank may have on its stream, unfinished, before the next one waits for
-// the oldest: the host runs ahead of the GPU (architecture.md 2.7) by at most this many NCCL
+// the oldest: the host runs ahead of the GPU (docs/cuda.md#the-device) by at most this many NCCL
 // collectives, and the watchdog still sees every one of them complete or time out.
 constexpr std::size_t max_in_flight = 16;
 
@@ -425,7 +425,7 @@ void enqueue_group(comms& c, int rank, cudaStream_t s, std::chrono::milliseconds
   after();
   // Completion is watched, not waited for: the event joins this rank's ring with its deadline,
   // and the next collective on this rank (or destroy_comms) retires it or times it out. So the
-  // host returns once the work is enqueued (architecture.md 2.7); a lost peer cannot enqueue
+  // host returns once the work is enqueued (docs/cuda.md#the-device); a lost peer cannot enqueue
   // anything here unnoticed, since NcclAllReduce's agreement exchange precedes every call.
   const std::size_t slot = (f.oldest + f.count) % max_in_flight;
   check_cuda(cudaEventRecord(f.events[slot], s), "cudaEventRecord");

@@ -15,8 +15,9 @@
 /// - optionally `void validate(const Rt&) const`, called by `Strategy`'s constructor, throwing
 ///   `std::invalid_argument` for a setting the device cannot honour.
 ///
-/// **For `ctx.reduce_scatter` and `ctx.all_gather`** (architecture.md 2.9; a strategy whose
-/// policy lacks them compiles until it calls them, then a static_assert names the member):
+/// **For `ctx.reduce_scatter` and `ctx.all_gather`** (docs/guide.md#collectives-inside-run; a
+/// strategy whose policy lacks them compiles until it calls them, then a static_assert names
+/// the member):
 /// - `void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
 ///   const detail::segment_list<Rt, E>& out) const`: `in` is this replica's leaves (the same
 ///   lengths on every replica); `out.leaves[k]` (`detail::cut_of(in.sizes[k], N, g)` elements, g

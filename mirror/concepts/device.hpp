@@ -33,11 +33,11 @@
 /// - `static constexpr bool host_addressable`: true when `pointer<E>` is `E*` into memory every
 ///   replica's thread can read and write (policies such as the CPU chunk-owner all-reduce need it).
 ///
-/// - Optional, for runtimes that are not `host_addressable`: `template <class E> using view`
-///   and `rt.stage_argument<E>(self, slot, std::span<const E>)` → `view<const E>`, a copy of
-///   a host array on `self`'s device for `fn` to read (run copies shared host arguments this
-///   way, architecture.md 2.7; mirror/detail/staged_argument.hpp). Without them such arguments
-///   are a compile error naming this hook.
+/// - Optional, for runtimes that are not `host_addressable`: `template <class E> using view` and
+///   `rt.stage_argument<E>(self, slot, std::span<const E>)` → `view<const E>`, a copy of a host
+///   array on `self`'s device for `fn` to read (run copies shared host arguments this way,
+///   docs/cuda.md#host-arguments-of-run; mirror/detail/staged_argument.hpp). Without them such
+///   arguments are a compile error naming this hook.
 /// - Optional: `rt.fold_into_all(self, op, parts, count, n)` → `bool` and `Rt::max_fold_parts`:
 ///   folds `n` elements of `count` parts in part order (divided by `count` for mean) into every
 ///   part in one pass, with the bits of `copy`, `combine` and `divide`, or returns false having

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The type all_gather and gather return for a nest: the same nest, with each leaf replaced by one
-// that can hold every replica's leaves one after another (architecture.md 2.9). A scalar or
-// std::array leaf becomes a std::vector; std::vector and mirror::matrix stay. Views cannot grow,
-// and a Hana struct cannot change a member's type: those nests have no gathered type.
+// that can hold every replica's leaves one after another (docs/guide.md#collectives-inside-run). A
+// scalar or std::array leaf becomes a std::vector; std::vector and mirror::matrix stay. Views
+// cannot grow, and a Hana struct cannot change a member's type: those nests have no gathered type.
 
 #include <array>
 #include <boost/hana/tuple.hpp>

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Host arguments of run on devices whose memory the replicas' threads cannot read
-// (architecture.md 2.7: "a host value passed to run is copied to each replica's device once per
-// call").
+// Host arguments of run on devices whose memory the replicas' threads cannot read: a host value
+// passed to run is copied to each replica's device once per call
+// (docs/cuda.md#host-arguments-of-run).
 //
 // A shared argument (not a PerReplica, Mirrored or variable) whose structure is made of host
 // arrays, scalars and tuples/structs of them is copied, array by array, into per-replica device

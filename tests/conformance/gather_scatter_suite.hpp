@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The laws of reduce_scatter, all_gather, strategy.gather and distribute_values_from_function
-// (architecture.md 2.9) every (device, ops) pair must satisfy, written once. A test file defines
-// the same macros as for tests/conformance/all_reduce_suite.hpp:
+// (docs/guide.md#collectives-inside-run) every (device, ops) pair must satisfy, written once. A
+// test file defines the same macros as for tests/conformance/all_reduce_suite.hpp:
 //   CONFORMANCE_DEVICE, CONFORMANCE_OPS, CONFORMANCE_TAG, and optionally CONFORMANCE_SUPPORTS(R)
 //   and CONFORMANCE_MEAN_IS_PREMUL_SUM (the serial check of a floating mean then allows that
 //   formula's rounding; the check against all_reduce stays bitwise)

@@ -1,6 +1,6 @@
-// A consumer written only against architecture.md section 2 (the public contract): every result
-// is checked against a value computed here, serially, from the inputs. Exit 0 and one summary
-// line on success; exit 1 and a message naming the first mismatch otherwise.
+// A consumer written only against the public contract (docs/design.md#the-public-contract): every
+// result is checked against a value computed here, serially, from the inputs. Exit 0 and one
+// summary line on success; exit 1 and a message naming the first mismatch otherwise.
 #include <mirror/mirror.hpp>
 
 #include <boost/hana/define_struct.hpp>

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// A multi-worker program written only against architecture.md 2.8, built outside the tree with
-// `pkg-config --cflags --libs mirror` (run_consumer.sh): in MPI builds it odr-uses
-// devices::Cluster, whose communication thread lives in the installed libmirror_mpi, so it
-// links only when mirror.pc names that library and MPI. It runs as a singleton MPI process
-// (no mpirun: one worker), so every number below is for W = 1; tests/mpi covers W > 1.
-// In builds without MPI it checks nothing and passes. Exit code 0 means every check held.
+// A multi-worker program written only against the public contract (docs/multi-worker.md), built
+// outside the tree with `pkg-config --cflags --libs mirror` (run_consumer.sh): in MPI builds it
+// odr-uses devices::Cluster, whose communication thread lives in the installed libmirror_mpi, so it
+// links only when mirror.pc names that library and MPI. It runs as a singleton MPI process (no
+// mpirun: one worker), so every number below is for W = 1; tests/mpi covers W > 1. In builds
+// without MPI it checks nothing and passes. Exit code 0 means every check held.
 #include <mirror/mirror.hpp>
 
 #include <cstdio>

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// A program written only against architecture.md section 2 that uses the *default* device,
-// built outside the tree with `pkg-config --cflags --libs mirror` (run_consumer.sh) and as a
-// Meson subproject. In CUDA builds `devices::Default` is `devices::Cuda`, whose runtime lives
-// in the installed libmirror_cuda (and, with NCCL, libmirror_nccl): this program odr-uses it,
-// so it only links when mirror.pc names those libraries and the CUDA runtime. Without a GPU
-// (CI) the CUDA strategy cannot start; the program then checks that the failure is the
-// documented `mirror::backend_error` and runs the same contract on the CPU fallback.
-// Exit code 0 means every check held.
+// A program written only against the public contract (docs/design.md#the-public-contract) that uses
+// the *default* device, built outside the tree with `pkg-config --cflags --libs mirror`
+// (run_consumer.sh) and as a Meson subproject. In CUDA builds `devices::Default` is
+// `devices::Cuda`, whose runtime lives in the installed libmirror_cuda (and, with NCCL,
+// libmirror_nccl): this program odr-uses it, so it only links when mirror.pc names those libraries
+// and the CUDA runtime. Without a GPU (CI) the CUDA strategy cannot start; the program then checks
+// that the failure is the documented `mirror::backend_error` and runs the same contract on the CPU
+// fallback. Exit code 0 means every check held.
 #include <mirror/mirror.hpp>
 
 #include <cstdio>

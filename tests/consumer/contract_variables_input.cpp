@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// A program written only against architecture.md sections 2.4 (input) and 2.5 (variables),
-// built outside the tree with `pkg-config --cflags --libs mirror`. Every result is checked
-// against a value computed here independently; exit code 0 means all held.
+// A program written only against the public contract's input and variables (docs/guide.md#input,
+// docs/guide.md#variables), built outside the tree with `pkg-config --cflags --libs mirror`. Every
+// result is checked against a value computed here independently; exit code 0 means all held.
 #include <mirror/mirror.hpp>
 
 #include <cstdio>

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Compile-fail check for one source file (style.md, convention 11).
+"""Compile-fail check for one source file (docs/design.md#tests: compile-fail tests).
 
   check_fail.py SOURCE --flags FLAG... --cxx COMPILER...
 

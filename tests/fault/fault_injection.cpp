@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Randomized fault injection (issue 33): trials of `run` with random replica counts, devices,
 // ops policies and programs of collectives, most with one injected fault, each outcome checked
-// against what docs/errors.md and architecture.md 2.6 promise, and every clean result against a
+// against what docs/errors.md and docs/guide.md#errors promise, and every clean result against a
 // serial reference. Written from the documentation, not from the implementation:
 //   - no fault: every collective's result on every replica is the serial loop's (inputs are
 //     small integers, exact in any order; min and max see NaNs and signed zeros, whose result

@@ -1,13 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the batch split of distribute_dataset (mirror/distributed_dataset.hpp) for
-// random global batch sizes G (ragged steps included), workers W, this worker's index w,
-// replicas per worker R, and leaf shapes (vectors, matrices of 1-6 columns, nests of both),
-// against the rule of tf_semantics.md 1.11 / architecture.md 2.4, written here from the rule:
-// of G rows over N = W*R global replicas the first G mod N get one row more, each replica's rows
-// follow the previous replica's, worker w keeps global replicas w*R .. w*R+R-1, and iteration
-// ends at the range's end or at a batch with no rows. A matrix whose element count is not a
-// whole number of rows is a shape_error (issue 33), as are leaves of one batch with different
-// row counts.
+// random global batch sizes G (ragged steps included), workers W, this worker's index w, replicas
+// per worker R, and leaf shapes (vectors, matrices of 1-6 columns, nests of both), against
+// TensorFlow's split rule (docs/guide.md#input, docs/multi-worker.md#input), written here from the
+// rule: of G rows over N = W*R global replicas the first G mod N get one row more, each replica's
+// rows follow the previous replica's, worker w keeps global replicas w*R .. w*R+R-1, and iteration
+// ends at the range's end or at a batch with no rows. A matrix whose element count is not a whole
+// number of rows is a shape_error (issue 33), as are leaves of one batch with different row counts.
 //
 // Oracle: every replica's view is exactly its rows (pointers into the global batch, the right
 // count, the matrix's columns), the views of one step cover the worker's part of the batch with

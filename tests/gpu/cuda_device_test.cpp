@@ -218,8 +218,9 @@ TEST_CASE("cuda: half and bfloat16 device spans are reduced by the kernels", "[c
 
 TEST_CASE("cuda: a shared host argument of run reaches each replica as a view of its own device copy",
           "[cuda][device][staged]") {
-  // architecture.md 2.7: copied once per call, into a buffer per replica; the views are read
-  // back inside fn with a synchronous device-to-host copy (which waits for the replica's stream).
+  // docs/cuda.md#host-arguments-of-run: copied once per call, into a buffer per replica; the views
+  // are read back inside fn with a synchronous device-to-host copy (which waits for the replica's
+  // stream).
   mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0}, .replicas_per_gpu = 2}};
   std::vector<float> table(1000);
   for (std::size_t i = 0; i < table.size(); ++i) table[i] = float(i) * 0.5f;

@@ -270,8 +270,9 @@ TEST_CASE("restore checks the number of variables, both ways", "[checkpoint][err
 }
 
 TEST_CASE("a sync-on-read variable stores its aggregated read; with none, replica 0's copy", "[checkpoint][sync_on_read]") {
-  // tf_semantics.md 1.10: saving reads the variable in cross-replica context. `none` cannot be
-  // combined, so its checkpoint holds the first replica's copy (never another one's).
+  // TF's rule (docs/guide.md#checkpoints): saving reads the variable in cross-replica context.
+  // `none` cannot be combined, so its checkpoint holds the first replica's copy (never another
+  // one's).
   S s{{.replicas = 3}};
   const auto dir = temp_dir();
   const auto path = dir / "ckpt";

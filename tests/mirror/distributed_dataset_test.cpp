@@ -48,7 +48,7 @@ TEST_CASE("the split rule: the first G mod R replicas get one more row, for ever
 }
 
 TEST_CASE("a ragged last batch is split by the same rule; empty replicas get empty views", "[input][split]") {
-  // architecture.md 2.4: 4 elements over 3 replicas: 2, 1, 1. TF issue 45594: every remainder.
+  // docs/guide.md#input: 4 elements over 3 replicas: 2, 1, 1. TF issue 45594: every remainder.
   S s{{.replicas = 3}};
   const std::vector<std::vector<float>> batches{std::vector<float>(9, 1.0f), std::vector<float>(4, 2.0f),
                                                 std::vector<float>(1, 3.0f)};

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// mirror/mirrored_variable.hpp: TF's ON_WRITE rules (tf_semantics.md 1.8-1.9), with mirror's
+// mirror/mirrored_variable.hpp: TF's ON_WRITE rules (docs/guide.md#variables), with mirror's
 // fix for aggregation none, and nothing half-applied on a rejected update.
 
 #include <catch2/catch.hpp>

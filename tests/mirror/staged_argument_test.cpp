@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Host arguments of run on a device whose memory the replicas' threads cannot read
-// (architecture.md 2.7, mirror/detail/staged_argument.hpp): mirror::test::FakeDevice keeps each
-// replica's buffers in its own arena, so a view into the wrong arena, a missed copy or a stale
-// buffer shows up here, without a GPU. devices::Cuda runs the same code with cudaMemcpyAsync.
+// (docs/cuda.md#host-arguments-of-run, mirror/detail/staged_argument.hpp): mirror::test::FakeDevice
+// keeps each replica's buffers in its own arena, so a view into the wrong arena, a missed copy or a
+// stale buffer shows up here, without a GPU. devices::Cuda runs the same code with cudaMemcpyAsync.
 
 #include <boost/hana/define_struct.hpp>
 #include <boost/hana/string.hpp>

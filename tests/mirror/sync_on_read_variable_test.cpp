@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// mirror/sync_on_read_variable.hpp: TF's ON_READ rules (tf_semantics.md 1.10).
+// mirror/sync_on_read_variable.hpp: TF's ON_READ rules (docs/guide.md#variables).
 
 #include <catch2/catch.hpp>
 #include "support/matchers.hpp"
@@ -47,7 +47,7 @@ TEST_CASE("cross-replica assign of a sum variable stores v / N in each copy", "[
 
 TEST_CASE("cross-replica assign divides by N for sum only; every other aggregation stores v in each copy",
           "[variables][sync_on_read]") {
-  // tf_semantics.md 1.10: only a SUM variable's copies hold v / N (so that its read gives v).
+  // TF's rule: only a SUM variable's copies hold v / N (so that its read gives v).
   S s{{.replicas = 4}};
   for (const auto aggregation : {VariableAggregation::none, VariableAggregation::mean,
                                  VariableAggregation::only_first_replica, VariableAggregation::sum}) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// TensorFlow's numbers (../shared/design/tf_semantics.md and multi_worker.md section 1.3), and
-// the places where mirror deliberately differs (architecture.md 2.3, 3).
+// TensorFlow's numbers (from its tests and docstrings; a case that reproduces a TF test names
+// it), and the places where mirror deliberately differs
+// (docs/tensorflow.md#where-mirror-differs-on-purpose).
 
 #include <catch2/catch.hpp>
 #include <array>
@@ -120,7 +121,7 @@ TEST_CASE("tf: every replica's value counts, also for a Mirrored value (no same-
   REQUIRE(s.reduce(ReduceOp::sum, synced) == 9);
 }
 
-// tensorflow/python/distribute/strategy_gather_test.py (tf_semantics.md 1.12). TF runs these on
+// tensorflow/python/distribute/strategy_gather_test.py. TF runs these on
 // 1 and 2 replicas (mirrored_strategy_with_one_cpu / _two_cpus); a TF tensor of shape (rows, cols)
 // is a mirror::matrix with `cols` columns. Each expected shape is TF's own formula:
 // sum(range(N + 1)) rows for replica r's (r + 1, 1).

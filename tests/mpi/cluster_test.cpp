@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // devices::Cluster<Threads> under mpirun (2 or 3 processes): the contract with N = W*R,
 // checked against serial loops over the global replicas and against TF's multi-worker numbers
-// (multi_worker.md section 1). Every rank runs every case: the cases are collective.
+// (a case that reproduces a TF test names it). Every rank runs every case: the cases are
+// collective.
 
 #include <catch2/catch.hpp>
 
@@ -434,7 +435,8 @@ TEST_CASE("cluster: reduce of a Mirrored value counts W*R copies (TF's host path
   // testReduceHostTensor, 2 workers x 1: reduce(SUM, 1.0) -> 2.0 (W): equal to TF with R = 1.
   Strategy& one = strategy_with(1);
   CHECK(one.reduce(ReduceOp::sum, one.broadcast(1.0f)) == float(W));
-  // With R = 2, TF would still say W; mirror counts every replica (multi_worker.md 5.7).
+  // With R = 2, TF would still say W; mirror counts every replica
+  // (docs/multi-worker.md#where-mirror-differs-from-tensorflow).
   Strategy& two = strategy_with(2);
   CHECK(two.reduce(ReduceOp::sum, two.broadcast(1.0f)) == float(2 * W));
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// devices::Cluster failure semantics under mpirun (multi_worker.md 5.6): every failure ends in
-// the named error on every worker within its bound, never a hang, and after an exception in fn
-// the strategy goes on. Each case builds its own strategy: after a timeout a strategy cannot
+// devices::Cluster failure semantics under mpirun (docs/multi-worker.md#failures): every failure
+// ends in the named error on every worker within its bound, never a hang, and after an exception in
+// fn the strategy goes on. Each case builds its own strategy: after a timeout a strategy cannot
 // continue (Open MPI 4.1 cannot cancel a posted collective).
 
 #include <catch2/catch.hpp>
@@ -117,14 +117,14 @@ void alternate(Strategy& s, int rounds) {
 
 TEST_CASE("failure: failing and clean runs alternate 100 times; every clean run is right on every worker",
           "[mpi][recovery]") {
-  // multi_worker.md 5.6 (an exception in fn on worker w): after every failing run the next run
-  // works on every worker. Each round a different global replica throws, at a different point of
-  // fn: before any collective (the others' posts of the first one are left unmatched), between
-  // collectives (a large all_reduce on the ring algorithm, a scalar one, a broadcast, a max), or
-  // after the last one (only its own worker notices). The clean run after it and a reduce outside
-  // run check the sums; a worker that paired a new collective with a stale one would get another
-  // worker's old data, a shape_error, or hang (the launch's limit ends that: the timeout is far
-  // beyond it, so no recovery can pass by waiting for it).
+  // docs/multi-worker.md#failures (an exception in fn on worker w): after every failing run the
+  // next run works on every worker. Each round a different global replica throws, at a different
+  // point of fn: before any collective (the others' posts of the first one are left unmatched),
+  // between collectives (a large all_reduce on the ring algorithm, a scalar one, a broadcast, a
+  // max), or after the last one (only its own worker notices). The clean run after it and a reduce
+  // outside run check the sums; a worker that paired a new collective with a stale one would get
+  // another worker's old data, a shape_error, or hang (the launch's limit ends that: the timeout is
+  // far beyond it, so no recovery can pass by waiting for it).
   Strategy s(Cluster{.local = {.replicas = 2}, .timeout = std::chrono::hours(1)});
   alternate(s, 100);
 }

@@ -1,6 +1,6 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# run_mpi.sh NP PROGRAM [ARGS...]: one multi-worker test launch (multi_worker.md section 7).
+# run_mpi.sh NP PROGRAM [ARGS...]: one multi-worker test launch (docs/multi-worker.md#tests).
 # Exit 77 (Meson: skipped) with a visible SKIP line when mpirun is missing; every launch is
 # bounded by timeout -k, so a hung rank or mpirun can never hang the suite.
 np=$1

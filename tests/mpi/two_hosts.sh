@@ -1,7 +1,7 @@
 #!/bin/bash
 # SPDX-License-Identifier: Apache-2.0
 # two_hosts.sh PROGRAM: runs PROGRAM under mpirun on two "hosts" — two network namespaces
-# joined by a bridge, 2 ranks each, real TCP between them (multi_worker.md section 7).
+# joined by a bridge, 2 ranks each, real TCP between them (docs/multi-worker.md#tests).
 # Needs root with CAP_NET_ADMIN (ip netns), iproute2 and util-linux (unshare); prints a SKIP
 # line and exits 77 (Meson: skipped) where it cannot create the namespaces.
 set -u

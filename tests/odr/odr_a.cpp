@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// ODR check (style.md, convention 9): odr_a.cpp and odr_b.cpp both include the umbrella
+// ODR check (docs/design.md#tests): odr_a.cpp and odr_b.cpp both include the umbrella
 // header, use the same parts of it and link into one binary; a non-inline definition in a
 // header fails the link. Built twice: header-only (odr) and with MIRROR_SEPARATE_COMPILATION
 // against libmirror_threads (odr_separate), where a definition compiled both in a program and

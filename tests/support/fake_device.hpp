@@ -86,8 +86,8 @@ struct FakeDevice {
       detail::divide_all(resolve(p), n, count);
     }
 
-    /// Run's staging of shared host arguments (architecture.md 2.7): one buffer per slot and
-    /// replica, kept and reused by later runs.
+    /// Run's staging of shared host arguments (docs/cuda.md#host-arguments-of-run): one buffer per
+    /// slot and replica, kept and reused by later runs.
     template <class E>
     using view = fake_view<E>;
     template <class E>

@@ -114,7 +114,7 @@ TEST_CASE("nccl: TF's packing rule, the last pack takes the rest", "[nccl][no_gp
 }
 #endif
 
-// ---- device-resident leaves (architecture.md 2.7): never read on the host ----
+// ---- device-resident leaves (docs/cuda.md#leaves): never read on the host ----
 
 // Instantiated (so it must compile and link against libmirror_cuda) but only called with a GPU:
 // reduce of a device-resident value goes through the replicas' all-reduce, not the host loop.
