@@ -215,9 +215,8 @@ class step_iterator {
 
 /// A bounded queue filled by a background thread reading a range ahead (InputOptions::prefetch):
 /// a ring of `depth` slots with one producer and one consumer, handed back and forth by two
-/// semaphores (free slots, filled slots), so neither side takes a lock. (No <deque>, whose
-/// header alone was 7 % of what including <mirror/mirror.hpp> cost to compile, and no
-/// <condition_variable>, another 4 %.)
+/// semaphores (free slots, filled slots), so neither side takes a lock. (No <deque> and no
+/// <condition_variable>: docs/design.md#compile-time.)
 template <class Value>
 class prefetcher {
  public:

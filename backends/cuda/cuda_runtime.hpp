@@ -257,8 +257,7 @@ class runtime {
 
  private:
   // Owners written out rather than std::unique_ptr: this class is compiled by every translation
-  // unit of a CUDA build (<mirror/mirror.hpp> brings it), and unique_ptr's deleter storage (a
-  // std::tuple) was a tenth of what the CUDA backend's headers cost to parse.
+  // unit of a CUDA build (<mirror/mirror.hpp> brings it; docs/design.md#compile-time).
   struct owned_state {
     impl::state* p;
     explicit owned_state(impl::state* s) noexcept : p(s) {}

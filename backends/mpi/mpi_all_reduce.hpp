@@ -14,14 +14,13 @@ namespace mirror::ops {
 /// failure elsewhere can end it). `sum` (and `mean`'s sum), `min`, `max`, `prod` map to
 /// `MPI_SUM`, `MPI_MIN`, `MPI_MAX`, `MPI_PROD`.
 ///
-/// **Determinism**: by default the order across workers is Open MPI's; it is the same run after
-/// run for the same W, count and MCA settings (measured), not guaranteed by the MPI standard,
-/// and it changes with the algorithm Open MPI picks. `.deterministic = true` folds every
-/// element in worker order, (((w0 op w1) op w2) ...), on any MPI configuration: an all-to-all
-/// of W slices, a local fold, an all-gather (the bytes of a ring all-reduce; one more
+/// **Determinism**: by default the order across workers is Open MPI's; it is the same run after run
+/// for the same W, count and MCA settings (tests/mpi/cluster_test.cpp checks it), not guaranteed by
+/// the MPI standard, and it changes with the algorithm Open MPI picks. `.deterministic = true`
+/// folds every element in worker order, (((w0 op w1) op w2) ...), on any MPI configuration: an
+/// all-to-all of W slices, a local fold, an all-gather (the bytes of a ring all-reduce; one more
 /// collective, so small messages pay one more latency). It applies to every floating-point
 /// cross-worker reduction of the strategy (`Strategy::reduce` and sync-on-read values too).
-///
 /// **Example**:
 /// \code
 /// using Ops = mirror::ops::Hierarchical<mirror::ops::ChunkOwnerAllReduce, mirror::ops::MpiAllReduce>;

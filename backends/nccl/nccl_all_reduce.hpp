@@ -272,8 +272,8 @@ struct NcclAllReduce {
   // Created by validate (the Strategy's constructor, on the user's thread: collective over the
   // workers there); later calls find them. (A template, although Rt is always a cuda::runtime:
   // the body of a non-template is analysed, and the templates it calls instantiated, wherever
-  // this header is parsed. It was 0.085 G compiler instructions in every translation unit of
-  // an NCCL build, Threads-only ones too: 1 % of bench/compile/mirror_nest3.cpp.)
+  // this header is parsed, in every translation unit of an NCCL build, Threads-only ones too;
+  // docs/design.md#compile-time.)
   template <class Rt>
   static nccl::impl::comms& comms_of(Rt& rt, detail::worker_group* workers) {
     return *rt.template extension<comms_holder>([&] {

@@ -40,16 +40,13 @@ struct ChunkOwnerAllReduce {
   /// Bytes of each replica's buffer combined per block: 8 KiB stays in L1 while it is written
   /// out N times.
   static constexpr std::size_t block_bytes = 8192;
-  /// With this many replicas or more, blocks of wide_block_bytes instead: N x 32 KiB (512 KiB
-  /// at 16 replicas) still fits a 1 MiB L2, so the write-back hits there; and each of the 8
-  /// sources read side by side runs 4x longer before the next block's, which streams from DRAM
-  /// faster. A standalone copy of the loop, 2 threads taking the owners' slices in turn, 16 MiB
-  /// per replica, 2-3 runs of 21 interleaved rounds: 16 replicas moved 1.06-1.10x, 8 replicas
-  /// 1.01-1.06x the bytes per second of 8 KiB blocks, 4 replicas the same; 2 replicas lost
-  /// (1.25x the time from L3, 1.06x from DRAM), so fewer than 8 keep 8 KiB. 24-48 KiB blocks
-  /// were alike, 64 KiB 1-3 % and 128 KiB 7-8 % slower (the write-back leaves L2). (2026-11-26;
-  /// mirror's own figures: docs/performance.md.) The block is on the stack: 32 KiB of every
-  /// replica's, the caller's thread's included.
+  /// With this many replicas or more, blocks of wide_block_bytes instead: N x 32 KiB (512 KiB at 16
+  /// replicas) still fits a 1 MiB L2, so the write-back hits there; and each of the 8 sources read
+  /// side by side runs 4x longer before the next block's, which streams from DRAM faster. Below 8
+  /// replicas the wider block gains nothing (2 replicas lose), so they keep 8 KiB; above 48 KiB the
+  /// write-back leaves L2. (Chosen on a standalone copy of the loop; the figures are in
+  /// bench/results/comment_history.md, mirror's own in docs/performance.md#all_reduce.) The block
+  /// is on the stack: 32 KiB of every replica's, the caller's thread's included.
   static constexpr int wide_block_replicas = 8;
   static constexpr std::size_t wide_block_bytes = 32768;  ///< the wide block (see wide_block_replicas)
 
@@ -65,9 +62,7 @@ struct ChunkOwnerAllReduce {
     static_assert(std::is_same_v<typename Rt::template pointer<E>, E*>, "leaves are read through plain pointers");
     // One copy of the algorithm for every element type: it moves bytes, and calls the type's
     // arithmetic through element_kernels (per type, only combine_into and divide_all are
-    // compiled). Before, each element type compiled its own small and large paths: in a program
-    // reducing floats and doubles they were a quarter of the code GCC generated
-    // (docs/performance.md, compile time).
+    // compiled; docs/design.md#compile-time).
     const untyped_leaves b{s.leaves.data(), s.sizes, s.total, &detail::element_kernels_of<E>::value};
     if (s.total * sizeof(E) <= scalar_bytes) {
       small<scalar_bytes>(c, op, b);
@@ -115,8 +110,8 @@ struct ChunkOwnerAllReduce {
   // reduce_scatter's sum and mean (the reductions of training), N > 1. Folded in the order and
   // with the kernels of large(), so a cut has the same bits as all_reduce's: two replicas a + b
   // straight into the output, more into an L1 block with up to combine_pass sources side by
-  // side. generic_reduce_scatter reads one replica's block at a time, and took 1.45x this one's
-  // time at 2 x 64 MiB and 1.65x at 8 x 16 MiB (bench/gather_scatter_bench, medians of 15).
+  // side. generic_reduce_scatter reads one replica's block at a time, which is slower at 2 and
+  // at 8 replicas (bench/gather_scatter_bench.cpp measures both).
   template <class Rt, class E>
   static void scatter_sum(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
                           const detail::segment_list<Rt, E>& out) {
@@ -173,8 +168,7 @@ struct ChunkOwnerAllReduce {
   template <std::size_t Bytes, class Rt>
   static void small(detail::collective<Rt>& c, ReduceOp op, const untyped_leaves& s);
   // small()'s parts that do not depend on the payload's size: one copy for both sizes (not
-  // inlined, or GCC copies them into each: 0.08 G fewer compiler instructions for
-  // bench/compile/mirror_nest3.cpp).
+  // inlined, or GCC copies them into each; docs/design.md#compile-time).
   static void pack(const untyped_leaves& s, unsigned char* to) noexcept;
   static void combine_and_unpack(ReduceOp op, const untyped_leaves& s, unsigned char* acc,
                                  const unsigned char* first, std::size_t stride, std::size_t n) noexcept;
@@ -255,9 +249,8 @@ void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const un
       }
       std::memcpy(acc, at(0), m * e.size);
       // A sum of three or more replicas reads the others' blocks side by side, up to
-      // combine_pass at a time (detail::sum_many: 8 and 16 replicas moved 1.4-1.6x the bytes
-      // per second from DRAM); two replicas, the other ops and a leaf's last block when it is
-      // not whole 16-byte groups, one replica at a time.
+      // combine_pass at a time (detail::sum_many says why); two replicas, the other ops and a
+      // leaf's last block when it is not whole 16-byte groups, one replica at a time.
       if (n > 2 && e.sum != nullptr && (op == ReduceOp::sum || op == ReduceOp::mean) && m * e.size % 16 == 0) {
         for (int r = 1; r < n;) {
           const void* from[detail::combine_pass];

@@ -6,9 +6,7 @@
 // progress and an idle pool burns no CPU.
 //
 // Written on POSIX threads and clock_gettime rather than <mutex>, <condition_variable> and
-// <chrono>: the same calls underneath, without the templates around them, which every
-// header-only translation unit compiled (std::chrono's duration arithmetic alone was 80
-// functions there; docs/performance.md, compile time).
+// <chrono> (docs/design.md#compile-time).
 
 #include <atomic>
 #include <cerrno>
@@ -22,8 +20,8 @@ namespace mirror::threads {
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
-  // The builtin is _mm_pause() without <immintrin.h>, which is ~40K lines (every AVX-512
-  // intrinsic): it cost a third of what including <mirror/mirror.hpp> costs to compile.
+  // The builtin is _mm_pause() without <immintrin.h>, which declares every intrinsic up to
+  // AVX-512 (docs/design.md#compile-time).
   __builtin_ia32_pause();
 #elif defined(__aarch64__)
   asm volatile("yield");
@@ -56,8 +54,8 @@ inline void seq_cst_fence() noexcept {
 /// spin. Cache-line aligned, so that neighbouring lots and counters do not share lines with it.
 class alignas(64) parking_lot {
  public:
-  // (Not inlined: a runtime has three lots, and their inlined set-up and tear-down, with the
-  // constructor's clean-up copies, were a third of the runtime constructor's code.)
+  // (Not inlined: a runtime has three lots, and their set-up and tear-down, with the
+  // constructor's clean-up copies, would be inlined three times into the runtime's constructor.)
   [[gnu::noinline]] parking_lot() noexcept {
     // Timed waits count on the monotonic clock: a change of the wall clock must not end a
     // collective's timeout early or stretch it.
@@ -148,7 +146,7 @@ class alignas(64) parking_lot {
       // parking) lets it run. On an idle core the yield returns at once.
       constexpr std::int64_t pure_ns = 2'000;
       // The clock is first read after the first round of polls (wait()), and the spin counted
-      // from there: reading it costs 20-30 ns under KVM, about a cache-line hand-off, and a
+      // from there: under a hypervisor reading it costs about a cache-line hand-off, and a
       // partner on its own core is often that close.
       const std::int64_t start = monotonic_ns();
       for (;;) {
@@ -196,8 +194,8 @@ class alignas(64) parking_lot {
   // when someone parks, follow on their own lines.
   std::atomic<int> sleepers_{0};
   std::atomic<int> yields_{4};
-  // (ints: the pool's atomics are of two types, int and std::uint64_t; each type's atomic
-  // members are a dozen functions that every header-only translation unit compiles.)
+  // (ints: the pool's atomics keep to two types, int and std::uint64_t, since every header-only
+  // translation unit compiles each type's atomic members; docs/design.md#compile-time.)
   std::atomic<int> spin_ns_{50'000};
   alignas(64) pthread_mutex_t mutex_ = PTHREAD_MUTEX_INITIALIZER;
   pthread_cond_t cv_;

@@ -115,9 +115,9 @@ class runtime {
     // a load may wait for those stores to reach the cache; with a store into the slot queued
     // ahead of them (its line is polled by the other replicas: a cross-core round trip away)
     // it would wait for that one too, and the others would see the slot's line written in
-    // pieces, one round trip apart (`perf annotate` put 44 % of a 1-float all_reduce loop's
-    // samples on such a load; with this copy the loop went from 190-195 to 151-174 ns per call
-    // on 2 replicas, 2026-11-25). Whole 16-byte groups, so exchange_groups copies them as such.
+    // pieces, one round trip apart (bench/run_bench.cpp and the 4-byte all_reduce of
+    // bench/all_reduce_bench.cpp measure it). Whole 16-byte groups, so exchange_groups copies
+    // them as such.
     alignas(16) unsigned char bounce[(sizeof(P) + 15) / 16 * 16];
     std::memcpy(bounce, &payload, sizeof(P));
     return detail::exchanged<P>(exchange_groups(self, bounce, sizeof bounce / 16), sizeof(slot),
@@ -195,12 +195,12 @@ class runtime {
   ///@}
 
  private:
-  // How the pool synchronises, and why this way. A fork, a small exchange and a join each cost
-  // at least one cache-line hand-off between cores (30-40 ns between this VM's two vCPUs in its
-  // fast state, ~230 ns in its slow one; bench/handoff_bench), and a run with a 1-float
-  // all_reduce needs three in series: the job reaching a worker, the late replica's payload
-  // reaching the early one, the worker's "finished" reaching the caller. So every wait polls
-  // one line that exactly one other thread writes, and the data it then needs is on that line:
+  // How the pool synchronises, and why this way. A fork, a small exchange and a join each cost at
+  // least one cache-line hand-off between cores (bench/handoff_bench.cpp measures one), and a run
+  // with a 1-float all_reduce needs three in series: the job reaching a worker, the late replica's
+  // payload reaching the early one, the worker's "finished" reaching the caller. So every wait
+  // polls one line that exactly one other thread writes, and the data it then needs is on that
+  // line:
   // - the job line carries the job (and a small closure) with its sequence number;
   // - each exchange slot carries its replica's payload with the arrival number that publishes
   //   it (no shared arrival counter: a read-modify-write of a counter line that every replica
@@ -328,9 +328,8 @@ class runtime {
   // job), the caller (all done), replicas in a barrier (it opened, was cancelled, or a replica
   // finished without reaching it).
   parking_lot job_lot_, done_lot_, barrier_lot_;
-  // Arrays owned here, not by std::unique_ptr or std::thread: each such template brought a
-  // dozen functions that every header-only translation unit compiled. One block, which
-  // replica_ starts (the constructor).
+  // Arrays owned here, not by std::unique_ptr or std::thread (docs/design.md#compile-time).
+  // One block, which replica_ starts (the constructor).
   per_replica* replica_ = nullptr;  // n_
   slot* slots_ = nullptr;           // 2 rows of n_
   pthread_t* workers_ = nullptr;    // replicas 1..n-1
@@ -360,7 +359,7 @@ MIRROR_DETAIL_INLINE runtime::runtime(int replicas, std::chrono::milliseconds ti
   limit_cores(usable_cores());
   // One block for the replicas' lines, the two rows of slots and the worker handles (all
   // trivially destructible): nothing to release if the allocation throws, and no new[]
-  // bookkeeping (three arrays and their clean-up were a fifth of the constructor's code).
+  // bookkeeping (three arrays and their clean-up code).
   const auto n = static_cast<std::size_t>(n_);
   void* const block =
       ::operator new(n * sizeof(per_replica) + 2 * n * sizeof(slot) + (n - 1) * sizeof(pthread_t), std::align_val_t{64});
@@ -429,18 +428,17 @@ MIRROR_DETAIL_INLINE void runtime::free_scratch(per_replica& me) noexcept {
 MIRROR_DETAIL_INLINE void runtime::limit_cores(unsigned cores) noexcept {
   // With a core each, a waiter spins (pure for 2 us, then yielding) long enough to outlast a
   // training step's imbalance between replicas: a parked waiter costs the late replica, the one
-  // on the critical path, a futex wake-up, and itself a scheduler wake-up. Fashion-MNIST, 2
-  // replicas on 2 cores (a VM whose steps jitter by hundreds of us): a 100 us spin parked in half
-  // of the steps' all-reduce barriers, 300 us in a third, 1 ms in 4 of 470; 2 replicas vs 1 went
-  // from 1.30-1.68x to 1.61-1.80x (4 alternated rounds).
+  // on the critical path, a futex wake-up, and itself a scheduler wake-up. Shorter spins parked
+  // in a large share of the Fashion-MNIST trainer's all-reduce barriers on a VM whose steps
+  // jitter by hundreds of microseconds, and cost it part of its 2-replica speedup
+  // (bench/fashion_mnist_scaling.sh measures it).
   //
   // Oversubscribed, a spinner steals the time slice of a replica queued on its core, perhaps the
   // one it waits for; so there a waiter does not spin at all. It yields, which runs the replicas
   // queued behind it, and parks after four yields; parking at once makes every wait a futex
-  // sleep and wake-up (8 replicas' 4-byte all_reduce: 28 us). Against the former 1 us spin and
-  // two yields, 2 cores, 2 alternated rounds (2026-11-26): a 4-byte all_reduce of 3 replicas
-  // 13-17 -> 2.1 us, of 8 replicas 9-11 -> 4.7 us, of 16 replicas 30-32 -> 11-12 us; 16 x 64 KiB
-  // 65-70 -> 36 us; a run of 8 replicas 23-29 -> 10 us, of 16 replicas 47-49 -> 20-27 us.
+  // sleep and wake-up, and spinning first made small collectives of 3 to 16 replicas on 2 cores
+  // up to several times slower (bench/all_reduce_bench.cpp and bench/run_bench.cpp at 8 and 16
+  // replicas measure it).
   //
   // Either way the pool parks in the end, so an idle pool burns nothing.
   for (parking_lot* lot : {&job_lot_, &done_lot_, &barrier_lot_}) {
@@ -494,8 +492,8 @@ MIRROR_DETAIL_INLINE void runtime::run_job(void (*job)(const void*, int) noexcep
   next_base_ = job_.base + most;
 }
 
-// (Not inlined: every exchange site of every payload type had its own copy, 0.04 G of compiler
-// instructions per header-only translation unit; the call did not move the latency path.)
+// (Not inlined, or every exchange site of every payload type would get its own copy:
+// docs/design.md#compile-time. The call does not show in bench/run_bench.cpp's latency.)
 [[gnu::noinline]] MIRROR_DETAIL_INLINE const unsigned char* runtime::exchange_groups(int self,
                                                                                    const unsigned char* bounce,
                                                                                    std::size_t groups) {
@@ -556,8 +554,9 @@ MIRROR_DETAIL_INLINE void runtime::arrive(int self) {
   const std::uint64_t number = job_.base + call;
   row[self].arrived.store(number, std::memory_order_release);
   int next = 0;  // replicas below it (but self) are known to have arrived
-  // (Inlined at each look: a single out-of-line copy compiled 0.05 G fewer instructions in every
-  // header-only translation unit, but made run + a 1-float all_reduce 5-7 % slower, 2026-11-26.)
+  // (Inlined at each look: an out-of-line copy would be less code in every header-only
+  // translation unit, but makes run + a 1-float all_reduce slower, and the hot path wins:
+  // docs/design.md#compile-time, bench/run_bench.cpp.)
   auto all_arrived = [&](std::memory_order order) {
     for (; next < n_; ++next) {
       if (next != self && row[next].arrived.load(order) != number) return false;
@@ -634,8 +633,8 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
     }
   }
   // Thrown and caught here to keep it (std::current_exception) rather than made with
-  // std::make_exception_ptr: that template's copy of the error was 0.07 G more compiler
-  // instructions in every header-only translation unit.
+  // std::make_exception_ptr, a template that every header-only translation unit would
+  // instantiate for the error type (docs/design.md#compile-time).
   const detail::message where = detail::describe_position("a collective");
   try {
     // (One format call for both messages: GCC checks both strings against the arguments.)

@@ -4,7 +4,7 @@
 // that an algorithm written over bytes is compiled once for every element type instead of once
 // per type: only the arithmetic, which must see the type to vectorise, is instantiated per type.
 // ops::ChunkOwnerAllReduce and Strategy::reduce's per-leaf work (detail::reduce_leaf) run on it
-// (docs/performance.md, compile time).
+// (docs/design.md#compile-time).
 
 #include <cstddef>
 #include <mirror/reduce_op.hpp>

@@ -99,15 +99,12 @@ using wrapping_t = typename std::conditional_t<std::is_integral_v<E>, std::make_
 /// dst[i] = dst[i] op src[i] for i < n, element-wise, so the bits are a serial loop's.
 ///
 /// The switch is hoisted, and the loop over whole 16-byte groups is written with GCC's vector
-/// extensions: one SSE2 (or NEON) operation per group, the same instructions GCC's
-/// auto-vectoriser chose for the earlier loop over 64-byte blocks, at parity in a micro-benchmark
-/// (within 8 % either way, L1- and L2-resident, float, double, int). That loop made the vectoriser
-/// and the complete unroller work through four fully unrolled loops per element type, which cost
-/// a header-only translation unit reducing floats and doubles a tenth of its compile time; this
-/// one compiles in half the time. (Floating-point min and max select bits, so that they are
-/// minimum and maximum above: equal values take the OR (min: -0 wins) or the AND (max: +0 wins)
-/// of their bits, which are the same bits unless the values are zeros of both signs, and a NaN
-/// in dst stays, one in src replaces dst, as the comparison of anything with a NaN is false.)
+/// extensions: one SSE2 (or NEON) operation per group, the instructions GCC's auto-vectoriser would
+/// choose, without the vectoriser's and the unroller's work in every header-only translation unit
+/// (docs/design.md#compile-time). (Floating-point min and max select bits, so that they are minimum
+/// and maximum above: equal values take the OR (min: -0 wins) or the AND (max: +0 wins) of their
+/// bits, which are the same bits unless the values are zeros of both signs, and a NaN in dst stays,
+/// one in src replaces dst, as the comparison of anything with a NaN is false.)
 template <class E>
 void combine_into(ReduceOp op, E* __restrict dst, const E* __restrict src, std::size_t n) noexcept {
 #if defined(__GNUC__)
@@ -168,8 +165,8 @@ void combine_into(ReduceOp op, E* __restrict dst, const E* __restrict src, std::
 #undef MIRROR_DETAIL_GROUPS
   }
   // The rest (less than a group; all of it for long double): one loop for every op, the
-  // switch inside. Four loops, one per op, cost a header-only translation unit reducing floats
-  // and doubles 0.05 G more compiler instructions; this is at most 15 elements per call.
+  // switch inside, rather than four (docs/design.md#compile-time): this is at most 15 elements
+  // per call.
   for (; i < n; ++i) dst[i] = combine(op, dst[i], src[i]);
 }
 
@@ -193,13 +190,11 @@ inline constexpr bool has_sum_many =
 ///
 /// Why not count calls of combine_into: each reads one source as a single stream and loads and
 /// stores dst once per source. Reading up to combine_pass sources side by side keeps as many
-/// streams in flight and touches dst once per pass. One core, 8 KiB blocks of 16 sources (the
-/// chunk-owner all-reduce of 16 replicas), against a call per source: from L3 (16 MiB in all)
-/// 1.2-1.3x faster, from DRAM (128 MiB) 1.4-1.6x (2026-11-26, best of 30-40 interleaved). For
-/// one source combine_into is faster (a loop over a count of sources took 1.3x its time), so
-/// callers pass two or more. Only sum (and mean, a sum until divided), the reductions of
-/// training: every loop here is compiled per element type in every header-only translation
-/// unit (docs/performance.md, compile time).
+/// streams in flight and touches dst once per pass, which is faster from L3 and more so from
+/// DRAM (the chunk-owner all-reduce of 8 and 16 replicas; bench/all_reduce_bench.cpp). For one
+/// source combine_into is faster, so callers pass two or more. Only sum (and mean, a sum until
+/// divided), the reductions of training: every loop here is compiled per element type in every
+/// header-only translation unit (docs/design.md#compile-time).
 template <class E>
 void sum_many(void* to, const void* const* src, std::size_t count, std::size_t n) noexcept {
 #if defined(__GNUC__)
@@ -209,8 +204,7 @@ void sum_many(void* to, const void* const* src, std::size_t count, std::size_t n
     E* __restrict const dst = static_cast<E*>(to);
     typedef wrapping_t<E> group __attribute__((vector_size(16)));
     constexpr std::size_t w = 16 / sizeof(E);
-    // Sources in pairs: with a loop of one source per trip, 4 replicas (3 sources) took 1.5x
-    // the time of pairs from DRAM and 1.1x from L3, 2026-11-26.
+    // Sources in pairs: one source per trip is slower, from DRAM most of all.
     for (std::size_t i = 0; i < n; i += w) {
       group a, b, c;
       __builtin_memcpy(&a, dst + i, sizeof a);
@@ -269,9 +263,8 @@ void sum_pair_in_place(void* a, void* b, std::size_t n) noexcept {
 ///
 /// Why: reduce_scatter's sum of two replicas (ops::ChunkOwnerAllReduce) folded each 8 KiB block
 /// into an accumulator, reading one buffer's block, then the other's; this reads both side by
-/// side in one pass. One core, a 32 MiB cut of two 64 MiB buffers from DRAM: 4.3 ms against the
-/// block fold's 10.2 ms (best of 15; with vector loops for the block's copies instead of memcpy,
-/// 11.5 ms: the streams, not the copies, cost the time).
+/// side in one pass, in well under the block fold's time from DRAM: the streams, not the
+/// block's copies, cost the time (bench/gather_scatter_bench.cpp measures reduce_scatter).
 template <class E>
 void sum_pair_into(E* out, const E* a, const E* b, std::size_t n) noexcept {
   std::size_t i = 0;

@@ -5,10 +5,10 @@
 // inlined into every function that can throw: most of the object code of a translation unit
 // that uses run and all_reduce, and a good part of its compile time. One out-of-line call
 // formats it instead, and the formatting itself is the C library's. The result is no
-// std::string either: std::string's inline members (growth, construction from a pointer) were
-// forty functions that every header-only translation unit compiled for the error paths alone,
-// while an exception's constructor copies a `const char*` just as well (mirror::error takes a
-// detail::message).
+// std::string either: every header-only translation unit would compile std::string's inline
+// members (growth, construction from a pointer) for the error paths alone, while an
+// exception's constructor copies a `const char*` just as well (mirror::error takes a
+// detail::message). Why this matters: docs/design.md#compile-time.
 
 #include <cstdarg>
 #include <cstddef>

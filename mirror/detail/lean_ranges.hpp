@@ -2,12 +2,11 @@
 #pragma once
 // The parts of <ranges> mirror uses, without the rest: the range concepts and accessors
 // (std::ranges::input_range, iterator_t, begin, size, ...), std::ranges::view_interface, and
-// detail::all, views::all's rule for keeping a range. With libstdc++ (GCC 12), <ranges> is
-// ~9K lines of view adaptors (split, join, zip, iota, ...) that mirror never names: a tenth of
-// what including <mirror/mirror.hpp> cost to compile (docs/performance.md, compile time).
-// libstdc++ keeps the concepts and accessors in <bits/ranges_base.h> (which its <span> and
-// <string_view> include anyway) and view_interface in <bits/ranges_util.h>. Other standard
-// libraries get <ranges>. A program that uses std::views includes <ranges> itself.
+// detail::all, views::all's rule for keeping a range. <ranges> adds every view adaptor (split,
+// join, zip, iota, ...), which mirror never names (docs/design.md#compile-time). libstdc++ keeps
+// the concepts and accessors in <bits/ranges_base.h> (which its <span> and <string_view> include
+// anyway) and view_interface in <bits/ranges_util.h>. Other standard libraries get <ranges>. A
+// program that uses std::views includes <ranges> itself.
 
 #include <version>
 

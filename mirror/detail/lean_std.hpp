@@ -1,14 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The parts of <algorithm>, <chrono> and <memory> mirror uses, without the rest: std::min,
-// std::max and std::copy; durations, clocks and time points; std::unique_ptr, make_unique and
-// addressof. With libstdc++ (GCC 12), C++20's <algorithm> is ~8K lines (every std::ranges
-// algorithm, the parallel overloads), <chrono> ~4K (calendars, time zones and, to format them,
-// <sstream>) and <memory> ~3K (shared_ptr, atomic<shared_ptr>, the uninitialized algorithms):
-// a fifth of what including <mirror/mirror.hpp> cost to compile. libstdc++ keeps what mirror
-// needs in internal headers, which its own <thread>, <mutex> and <condition_variable> include.
-// Other standard libraries get the standard headers. A program that uses other parts of
-// <algorithm>, <chrono> or <memory> includes them itself, as it should.
+// The parts of <algorithm>, <chrono> and <memory> mirror uses, without the rest: std::min, std::max
+// and std::copy; durations, clocks and time points; std::unique_ptr, make_unique and addressof
+// (why: docs/design.md#compile-time). libstdc++ keeps what mirror needs in internal headers, which
+// its own <thread>, <mutex> and <condition_variable> include. Other standard libraries get the
+// standard headers. A program that uses other parts of <algorithm>, <chrono> or <memory> includes
+// them itself, as it should.
 
 #include <version>
 
