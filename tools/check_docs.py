@@ -12,16 +12,27 @@
   runs; or `<!-- sketch -->` for a fragment that does not claim to compile (a signature, a
   schematic loop);
 * every relative link (`[text](path)`, `[text](path#anchor)`, `[text](#anchor)`) resolves to an
-  existing file, and its anchor to a heading of that Markdown file (GitHub's slugs).
+  existing file, and its anchor to a heading of that Markdown file (GitHub's slugs);
+* every comment in the sources (files under mirror/, backends/, tests/, bench/, examples/,
+  tools/ and cmake/ ending in .hpp .cpp .cu .cuh .h .py .sh .cmake, also with .in after it,
+  meson.build and CMakeLists.txt; the top-level meson.build, meson_options.txt and dev.sh) that
+  cites a Markdown document names it by its path from the repository root, optionally with an
+  anchor: `docs/design.md`, `docs/design.md#compile-time`, `bench/results/hand_blocked.md`. The
+  file must exist inside the repository and the anchor must be one of its headings (GitHub's
+  slug, as for links), so a bare file name or a document kept outside the repository is an
+  error. Comments are `//` and `/* */` in C and C++ (string and character literals skipped),
+  `#` comments and docstrings in Python, and `#` comments in shell, Meson and CMake.
 
 Usage: check_docs.py [--update] [REPO_ROOT]
   exit 0 when everything holds, else one line per problem; --update first rewrites every
   snippet block from the file it names (for writing pages: put the marker and an empty
   ```cpp block, then run --update).
 """
+import io
 import pathlib
 import re
 import sys
+import tokenize
 
 UPDATE = '--update' in sys.argv[1:]
 _args = [a for a in sys.argv[1:] if a != '--update']
@@ -35,6 +46,14 @@ IMAGE = re.compile(r'!\[[^\]]*\]\(\s*([^)\s]+)\s*\)')
 DATE = re.compile(r'\b(19|20)\d\d-[01]\d-[0-3]\d\b')
 HASH = re.compile(r'(?<![\w/.-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w-])')
 DEVELOPMENT_WORDS = re.compile(r'\b(sessions?|lent|this task|issue \d+|issues? #\d+)\b', re.IGNORECASE)
+
+# Source comments: where they are read, and what a citation of a document looks like there.
+SOURCE_DIRS = ('mirror', 'backends', 'tests', 'bench', 'examples', 'tools', 'cmake')
+SOURCE_TOP = ('meson.build', 'meson_options.txt', 'dev.sh')
+C_SUFFIXES = ('.hpp', '.cpp', '.cu', '.cuh', '.h')
+HASH_SUFFIXES = ('.sh', '.cmake')
+DOC_REF = re.compile(r'(?<![\w./:-])((?:[\w.-]+/)*[\w.-]+\.md)(?:#([\w-]+))?(?![\w/-])')
+RAW_STRING = re.compile(r'(?:u8|u|U|L)?R"([^()\\\s"]{0,16})\(')
 
 
 def slug(heading: str) -> str:
@@ -180,6 +199,137 @@ def check_file(md: pathlib.Path, problems: list, anchors_of) -> None:
         problem(fence_start, 'unterminated code block')
 
 
+def c_comments(text: str) -> list:
+    """(line, text) of every `//` and `/* */` comment of C or C++ source; string, raw string
+    and character literals are skipped (a `'` after a digit is a digit separator)."""
+    out, i, n, line = [], 0, len(text), 1
+    while i < n:
+        c = text[i]
+        if c == '\n':
+            line, i = line + 1, i + 1
+        elif text.startswith('//', i):
+            j = text.find('\n', i)
+            j = n if j < 0 else j
+            out.append((line, text[i + 2:j]))
+            i = j
+        elif text.startswith('/*', i):
+            j = text.find('*/', i + 2)
+            j = n if j < 0 else j
+            for k, part in enumerate(text[i + 2:j].split('\n')):
+                out.append((line + k, part))
+            line, i = line + text.count('\n', i, j), j + 2
+        elif (m := RAW_STRING.match(text, i)) and not (i and (text[i - 1].isalnum() or text[i - 1] == '_')):
+            j = text.find(')' + m.group(1) + '"', m.end())
+            j = n if j < 0 else j + len(m.group(1)) + 2
+            line, i = line + text.count('\n', i, j), j
+        elif c in '"\'':
+            word = re.search(r'\w*$', text[max(0, i - 3):i]).group(0)
+            if c == "'" and word and word not in ('u8', 'u', 'U', 'L'):
+                i += 1                                  # 1'000: a digit separator
+                continue
+            j = i + 1
+            while j < n and text[j] not in (c, '\n'):
+                j += 2 if text[j] == '\\' else 1
+            j = min(j, n)
+            line, i = line + text.count('\n', i, j), j + 1 if j < n and text[j] == c else j
+        else:
+            i += 1
+    return out
+
+
+def python_comments(text: str) -> list:
+    """(line, text) of every `#` comment and every docstring (a string that is a statement)."""
+    out, previous = [], tokenize.NEWLINE
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT:
+                out.append((tok.start[0], tok.string[1:]))
+            elif tok.type == tokenize.STRING and previous in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+                out.extend((tok.start[0] + k, part) for k, part in enumerate(tok.string.split('\n')))
+            if tok.type not in (tokenize.COMMENT, tokenize.NL):
+                previous = tok.type
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return out
+
+
+def hash_comments(text: str, triple_quotes: bool) -> list:
+    """(line, text) of every `#` comment of shell, Meson or CMake: a `#` that starts a word,
+    outside quotes. Quotes end with their line, except Meson's triple-quoted strings."""
+    out, in_triple = [], False
+    for no, line in enumerate(text.splitlines(), 1):
+        quote, i = None, 0
+        while i < len(line):
+            if triple_quotes and quote is None and line.startswith("'" * 3, i):
+                in_triple, i = not in_triple, i + 3
+                continue
+            c = line[i]
+            if in_triple:
+                pass
+            elif quote:
+                if c == '\\':
+                    i += 1
+                elif c == quote:
+                    quote = None
+            elif c in '"\'':
+                quote = c
+            elif c == '#' and (i == 0 or line[i - 1] in ' \t;(') and not (no == 1 and line.startswith('#!')):
+                out.append((no, line[i + 1:]))
+                break
+            i += 1
+    return out
+
+
+def source_files() -> list:
+    files = [ROOT / name for name in SOURCE_TOP if (ROOT / name).is_file()]
+    for top in SOURCE_DIRS:
+        files.extend(p for p in sorted((ROOT / top).rglob('*')) if p.is_file())
+    return files
+
+
+def comments_of(path: pathlib.Path):
+    """The comments of a source file, or None for a file that is not one."""
+    name = path.name[:-3] if path.name.endswith('.in') else path.name
+    if name.endswith(C_SUFFIXES):
+        extract = c_comments
+    elif name.endswith('.py'):
+        extract = python_comments
+    elif name.endswith(HASH_SUFFIXES):
+        extract = lambda text: hash_comments(text, triple_quotes=False)
+    elif name in ('meson.build', 'meson_options.txt'):
+        extract = lambda text: hash_comments(text, triple_quotes=True)
+    elif name == 'CMakeLists.txt':
+        extract = lambda text: hash_comments(text, triple_quotes=False)
+    else:
+        return None
+    try:
+        return extract(path.read_text(encoding='utf-8'))
+    except UnicodeDecodeError:
+        return None
+
+
+def check_source_references(problems: list, anchors_of) -> int:
+    """Every document a source comment cites is a file of the repository, and its anchor a
+    heading of it. Returns how many source files were read."""
+    checked = 0
+    for path in source_files():
+        comments = comments_of(path)
+        if comments is None:
+            continue
+        checked += 1
+        rel = path.relative_to(ROOT).as_posix()
+        for no, text in comments:
+            for m in DOC_REF.finditer(text):
+                ref, anchor = m.group(1), m.group(2)
+                dest = (ROOT / ref).resolve()
+                if ROOT not in dest.parents or not dest.is_file():
+                    problems.append(f'{rel}:{no}: cites {m.group(0)}, not a file of this repository: cite a '
+                                    f'page by its path from the root, e.g. docs/design.md#compile-time')
+                elif anchor and anchor not in anchors_of(dest):
+                    problems.append(f'{rel}:{no}: cites {m.group(0)}: {ref} has no heading with anchor #{anchor}')
+    return checked
+
+
 def main() -> int:
     problems = []
     cache = {}
@@ -199,9 +349,10 @@ def main() -> int:
             update_snippets(md)
     for md in pages:
         check_file(md, problems, anchors_of)
+    sources = check_source_references(problems, anchors_of)
     for p in problems:
         print(p)
-    print(f'check_docs: {len(pages)} pages, {len(problems)} problem(s)')
+    print(f'check_docs: {len(pages)} pages, {sources} source files, {len(problems)} problem(s)')
     return 1 if problems else 0
 
 
