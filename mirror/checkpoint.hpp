@@ -197,7 +197,7 @@ void deserialise(std::string_view& in, T& value, std::size_t var, const std::str
 
 /// Writes `bytes` to `path` atomically: `path.tmp`, fsync, rename, fsync of the folder. Returns
 /// an error text, empty on success. Plain C and POSIX calls, not `<filesystem>`
-/// (docs/design.md#compile-time).
+/// (docs/design.md\#compile-time).
 inline std::string write_atomically(const std::string& path, const std::vector<char>& bytes) {
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
@@ -233,7 +233,7 @@ inline std::string write_atomically(const std::string& path, const std::vector<c
 /// Appends the contents of `path` to `bytes` (a std::vector<char>). Returns an error text, empty
 /// on success. (A template only so that its body, which instantiates vector<char>'s range
 /// insert, is compiled where restore is used rather than in every file including
-/// <mirror/mirror.hpp>; docs/design.md#compile-time.)
+/// <mirror/mirror.hpp>; docs/design.md\#compile-time.)
 template <class Bytes>
 std::string read_all(const std::string& path, Bytes& bytes) {
   std::FILE* f = std::fopen(path.c_str(), "rb");

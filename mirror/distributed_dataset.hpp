@@ -216,7 +216,7 @@ class step_iterator {
 /// A bounded queue filled by a background thread reading a range ahead (InputOptions::prefetch):
 /// a ring of `depth` slots with one producer and one consumer, handed back and forth by two
 /// semaphores (free slots, filled slots), so neither side takes a lock. (No <deque> and no
-/// <condition_variable>: docs/design.md#compile-time.)
+/// <condition_variable>: docs/design.md\#compile-time.)
 template <class Value>
 class prefetcher {
  public:

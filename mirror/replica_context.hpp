@@ -25,6 +25,7 @@
 #include <mirror/detail/gathered.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/replica_collectives.hpp>
 #include <mirror/per_replica.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/synced.hpp>
@@ -45,7 +46,9 @@ class ReplicaContext {
  public:
   /// This replica's id, 0 .. num_replicas_in_sync() - 1 (on worker w of a multi-worker
   /// strategy with R local replicas: w*R + the local index).
-  int replica_id_in_sync_group() const noexcept { return strategy_->first_local_replica() + self_; }
+  int replica_id_in_sync_group() const noexcept {
+    return strategy_->worker_index() * strategy_->num_local_replicas() + self_;
+  }
   /// The number of replicas running `fn` together.
   int num_replicas_in_sync() const noexcept { return strategy_->num_replicas_in_sync(); }
 
@@ -76,7 +79,7 @@ class ReplicaContext {
                                                             static_cast<int>(op), sizes);
     const detail::collective_header* pending = &header;
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
-      strategy_->template all_reduce_leaves<E>(self_, op, detail::leaves_of<E>(result), pending);
+      collectives_.template all_reduce_leaves<E>(self_, op, detail::leaves_of<E>(result), pending);
       pending = nullptr;
     });
     return detail::access::synced(std::move(result));
@@ -129,8 +132,8 @@ class ReplicaContext {
       for (std::size_t r = 0; r < all.size() / K; ++r) {
         for (std::size_t j = 0; j < at.size(); ++j) counts_of_e[r * at.size() + j] = all[r * K + at[j]];
       }
-      strategy_->template all_gather_leaves<E>(self_, detail::leaves_of<E>(in), counts_of_e, detail::leaves_of<E>(result),
-                                               nullptr);
+      collectives_.template all_gather_leaves<E>(self_, detail::leaves_of<E>(in), counts_of_e,
+                                                 detail::leaves_of<E>(result), nullptr);
     });
     return detail::access::synced(std::move(result));
   }
@@ -157,7 +160,7 @@ class ReplicaContext {
       source = copy;
     }
     const std::array<std::span<E>, 1> ins{source}, outs{out};
-    strategy_->template all_gather_leaves<E>(self_, ins, all, outs, nullptr);
+    collectives_.template all_gather_leaves<E>(self_, ins, all, outs, nullptr);
   }
   /// (For a non-const `in`: the same.)
   template <class E>
@@ -218,8 +221,8 @@ class ReplicaContext {
                                                             static_cast<int>(op), sizes);
     const detail::collective_header* pending = &header;
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
-      strategy_->template reduce_scatter_leaves<E>(self_, op, detail::leaves_of<E>(in), detail::leaves_of<E>(result),
-                                                   pending);
+      collectives_.template reduce_scatter_leaves<E>(self_, op, detail::leaves_of<E>(in),
+                                                     detail::leaves_of<E>(result), pending);
       pending = nullptr;
     });
     return result;
@@ -268,10 +271,11 @@ class ReplicaContext {
               shape[k++] = leaf_traits<L>::resizable ? detail::any_size : leaf_traits<L>::elements(l).size();
             },
             result);
-        strategy_->check_broadcast(self_, make_header<N>(detail::collective_kind::broadcast, from, shape, sequence), root);
+        collectives_.check_broadcast(self_, make_header<N>(detail::collective_kind::broadcast, from, shape, sequence),
+                                     root);
       }
       if (strategy_->worker_index() == root) result = local_broadcast(std::move(result), from % local, sequence);
-      strategy_->cross_broadcast(self_, result, root);
+      collectives_.cross_broadcast(self_, result, root);
       return detail::access::synced(local_broadcast(std::move(result), 0, sequence));
     } else {
       const std::uint64_t sequence = ++sequence_;
@@ -304,8 +308,8 @@ class ReplicaContext {
       // resizable, so the call's check covers every size the choice depends on: replicas whose
       // sizes differ may choose differently, but all of them then get the check's shape_error
       // from the first exchange, before anything is written.
-      if (bytes <= Strategy::small_broadcast_bytes) {
-        typename Strategy::small_broadcast_line packed{};
+      if (bytes <= collectives_type::small_broadcast_bytes) {
+        typename collectives_type::small_broadcast_line packed{};
         // (An empty leaf may have no address at all: memcpy must not see it.)
         const auto each_leaf = [&](auto&& move) {
           std::size_t at = 0;
@@ -318,13 +322,13 @@ class ReplicaContext {
               result);
         };
         if (self_ == from) each_leaf([](void* leaf, unsigned char* slot, std::size_t n) { std::memcpy(slot, leaf, n); });
-        strategy_->broadcast_bytes(self_, from, header, packed);
+        collectives_.broadcast_bytes(self_, from, header, packed);
         if (self_ != from) each_leaf([](void* leaf, unsigned char* slot, std::size_t n) { std::memcpy(leaf, slot, n); });
         return result;
       }
     }
     // The source's sizes are read from its frame; it waits in the copy exchange below meanwhile.
-    const std::size_t* root_sizes = strategy_->exchange_sizes(self_, header, sizes.data());
+    const std::size_t* root_sizes = collectives_.exchange_sizes(self_, header, sizes.data());
     if (self_ != from) {
       k = 0;
       detail::for_each_leaf(
@@ -336,7 +340,7 @@ class ReplicaContext {
           result);
     }
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
-      strategy_->template broadcast_leaves<E>(self_, from, detail::leaves_of<E>(result));
+      collectives_.template broadcast_leaves<E>(self_, from, detail::leaves_of<E>(result));
     });
     return result;
   }
@@ -363,10 +367,6 @@ class ReplicaContext {
     const std::array<std::size_t, 0> no_sizes{};
     const detail::collective_header header = make_header<std::tuple<F, std::decay_t<Args>...>>(
         detail::collective_kind::merge_call, 0, no_sizes);
-    struct outcome {
-      const void* value;                 // Result*, on replica 0's frame
-      const std::exception_ptr* failed;  // non-null when fn threw
-    };
     auto gather = [&](std::span<const void* const> all) {
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
         return std::tuple<PerReplica<std::decay_t<Args>>...>(
@@ -374,25 +374,28 @@ class ReplicaContext {
       }(std::index_sequence_for<Args...>{});
     };
     if constexpr (std::is_void_v<Result>) {
-      strategy_->merge(self_, header, static_cast<const void*>(&mine), [&](std::span<const void* const> all) {
+      collectives_.merge(self_, header, static_cast<const void*>(&mine), [&](std::span<const void* const> all) {
         std::apply([&](auto&&... pr) { fn(*strategy_, std::move(pr)...); }, gather(all));
-        return outcome{nullptr, nullptr};
+        return static_cast<const void*>(nullptr);
       });
     } else {
       std::optional<Result> result;
-      const void* produced = strategy_->merge(
+      const void* produced = collectives_.merge(
           self_, header, static_cast<const void*>(&mine), [&](std::span<const void* const> all) {
             result.emplace(std::apply([&](auto&&... pr) { return fn(*strategy_, std::move(pr)...); }, gather(all)));
-            return outcome{&*result, nullptr};
+            return static_cast<const void*>(&*result);
           });
       Synced<Result> out = detail::access::synced(Result(*static_cast<const Result*>(produced)));
-      strategy_->end_merge(self_);
+      collectives_.end_merge(self_);
       return out;
     }
   }
 
  private:
-  ReplicaContext(Strategy& s, int self) noexcept : strategy_(&s), self_(self) {}
+  using collectives_type = detail::replica_collectives<typename Strategy::runtime_type, typename Strategy::ops_type>;
+
+  ReplicaContext(Strategy& s, int self) noexcept
+      : strategy_(&s), collectives_(s.runtime(), s.ops()), self_(self) {}
   friend Strategy;
   template <class> friend class MirroredVariable;  // update_sharded's gather_cuts
 
@@ -440,7 +443,7 @@ class ReplicaContext {
         cuts[j] = full[j].subspan(first, count);
         for (int q = 0; q < n; ++q) counts[static_cast<std::size_t>(q) * full.size() + j] = detail::cut_of(full[j].size(), n, q).second;
       }
-      strategy_->template all_gather_leaves<E>(self_, cuts, counts, full, pending);
+      collectives_.template all_gather_leaves<E>(self_, cuts, counts, full, pending);
       pending = nullptr;
     });
   }
@@ -473,11 +476,12 @@ class ReplicaContext {
     std::array<std::size_t, K> shape{};
     shape.fill(detail::any_size);  // the lengths may differ: they are checked below, not hashed
     const detail::collective_header header = make_header<N>(detail::collective_kind::all_gather, 0, shape);
-    strategy_->gather_counts(self_, header, counts.data(), widths.data(), K, out_size, counts_);
+    collectives_.gather_counts(self_, header, counts.data(), widths.data(), K, out_size, counts_);
     return counts_;
   }
 
   Strategy* strategy_;
+  collectives_type collectives_;  // every collective goes through it to the ops policy
   int self_;
   std::vector<std::size_t> counts_;  // gather_counts' result, reused by the replica's next all_gather
   std::uint64_t sequence_ = 0;

@@ -55,7 +55,7 @@ template <class T> struct is_variable : std::false_type {};
 template <class T> struct is_variable<MirroredVariable<T>> : std::true_type {};
 template <class T> struct is_variable<SyncOnReadVariable<T>> : std::true_type {};
 
-/// What replica r holds for one argument of run (docs/guide.md#run-and-the-values-it-returns): a
+/// What replica r holds for one argument of run (docs/guide.md\#run-and-the-values-it-returns): a
 /// reference to its component or copy, a reference to a shared value, or (variables) a
 /// replica-local handle.
 template <class A, class Context>
@@ -180,7 +180,7 @@ class Strategy {
   /// every other argument itself, shared, as `const&` — except on a device whose memory the
   /// replicas' threads cannot read (`devices::Cuda`), where a shared nest of host arrays and
   /// scalars is copied to each replica's device first and arrives as the same shape of device
-  /// views (docs/cuda.md#host-arguments-of-run; mirror/detail/staged_argument.hpp). `fn` is called
+  /// views (docs/cuda.md\#host-arguments-of-run; mirror/detail/staged_argument.hpp). `fn` is called
   /// from several threads at once: it must not mutate captured state without synchronisation.
   ///
   /// **Returns**: `void` if `fn` does; `Mirrored<T>` if `fn` returns `Synced<T>`; a tuple
@@ -261,7 +261,7 @@ class Strategy {
   /// a `merge_call` function (on the calling thread).
   ///
   /// **Device-resident leaves** (`thrust::device_vector` on `devices::Cuda`;
-  /// docs/cuda.md#device-values-on-the-host): the host never reads them. The replicas all-reduce
+  /// docs/cuda.md\#device-values-on-the-host): the host never reads them. The replicas all-reduce
   /// their components on their own devices and streams through the `Ops` policy (so the combination
   /// order is the policy's), then only replica 0's stream — which already waits for every other
   /// stream's part of the collective — is synchronised, and replica 0's result is returned (a copy
@@ -596,7 +596,6 @@ class Strategy {
   const Ops& ops() const noexcept { return ops_; }
 
  private:
-  friend context_type;
 
   template <class T>
   static consteval bool has_view_leaf() {
@@ -607,7 +606,7 @@ class Strategy {
 
   /// What replica r's fn receives for argument a: `detail::hold_for_replica`, except that on a
   /// device the replicas' threads cannot read, a shared host value is first copied to replica r's
-  /// device (docs/cuda.md#host-arguments-of-run; mirror/detail/staged_argument.hpp).
+  /// device (docs/cuda.md\#host-arguments-of-run; mirror/detail/staged_argument.hpp).
   template <class A>
   decltype(auto) hold(A& a, int r, context_type& ctx, std::size_t& slot) {
     using D = std::remove_cvref_t<A>;
@@ -716,255 +715,6 @@ class Strategy {
     }
     std::lock_guard lock(run_mutex_);
     rt_.parallel([&](int r) noexcept { body(arg, r, num_local_replicas()); });
-  }
-
-  // ---- entry points for ReplicaContext ----
-
-  template <class E, std::size_t K>
-  void all_reduce_leaves(int self, ReduceOp op, const std::array<std::span<E>, K>& host,
-                         const detail::collective_header* header) {
-    // Host devices combine with CPU arithmetic (element_ops.hpp). Other devices combine with
-    // their own kernels, and their runtime names the element types it has (CUDA: also
-    // mirror::cuda::half and bfloat16, which are no C++ arithmetic types).
-    if constexpr (runtime_type::host_addressable) detail::require_host_element<E>();
-    using pointer = typename runtime_type::template pointer<E>;
-    std::array<pointer, K> leaves{};
-    std::array<std::size_t, K> sizes{};
-    std::size_t total = 0;
-    for (std::size_t k = 0; k < K; ++k) {
-      leaves[k] = rt_.attach(self, host[k]);
-      sizes[k] = host[k].size();
-      total += sizes[k];
-    }
-    detail::collective<runtime_type> c(rt_, self, header);
-    ops_.all_reduce(c, op, detail::segment_list<runtime_type, E>{leaves, sizes, total});
-    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, leaves[k], host[k]);
-  }
-
-  /// The leaves of one element type of a gather's or scatter's input or output, attached on a
-  /// replica's device (rt.attach) as an ops policy sees them.
-  template <class E, std::size_t K>
-  struct attached_leaves {
-    std::array<typename runtime_type::template pointer<E>, K> leaves{};
-    std::array<std::size_t, K> sizes{};
-    std::size_t total = 0;
-    detail::segment_list<runtime_type, E> list() const { return {leaves, sizes, total}; }
-  };
-  template <class E, std::size_t K>
-  attached_leaves<E, K> attach_leaves(int self, const std::array<std::span<E>, K>& host) {
-    attached_leaves<E, K> a;
-    for (std::size_t k = 0; k < K; ++k) {
-      a.leaves[k] = rt_.attach(self, host[k]);
-      a.sizes[k] = host[k].size();
-      a.total += a.sizes[k];
-    }
-    return a;
-  }
-  template <class E, std::size_t K>
-  void detach_leaves(int self, const attached_leaves<E, K>& a, const std::array<std::span<E>, K>& host) {
-    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, a.leaves[k], host[k]);
-  }
-
-  template <class E, std::size_t K>
-  void reduce_scatter_leaves(int self, ReduceOp op, const std::array<std::span<E>, K>& in,
-                             const std::array<std::span<E>, K>& out, const detail::collective_header* header) {
-    static_assert(requires(const Ops& o, detail::collective<runtime_type>& c,
-                           const detail::segment_list<runtime_type, E>& s) { o.reduce_scatter(c, op, s, s); },
-                  "mirror::ReplicaContext::reduce_scatter: this strategy's ops policy has no reduce_scatter "
-                  "(mirror/concepts/cross_device_ops.hpp); every policy mirror ships has one, and a policy of "
-                  "your own can call detail::generic_reduce_scatter");
-    if constexpr (runtime_type::host_addressable) detail::require_host_element<E>();
-    const auto ins = attach_leaves(self, in);
-    const auto outs = attach_leaves(self, out);
-    detail::collective<runtime_type> c(rt_, self, header);
-    ops_.reduce_scatter(c, op, ins.list(), outs.list());
-    // The inputs first: where a device staged a span and its cut apart, the cut's result lands last.
-    detach_leaves(self, ins, in);
-    detach_leaves(self, outs, out);
-  }
-
-  template <class E, std::size_t K>
-  void all_gather_leaves(int self, const std::array<std::span<E>, K>& in, std::span<const std::size_t> counts,
-                         const std::array<std::span<E>, K>& out, const detail::collective_header* header) {
-    static_assert(requires(const Ops& o, detail::collective<runtime_type>& c,
-                           const detail::segment_list<runtime_type, E>& s) { o.all_gather(c, s, counts, s); },
-                  "mirror::ReplicaContext::all_gather: this strategy's ops policy has no all_gather "
-                  "(mirror/concepts/cross_device_ops.hpp); every policy mirror ships has one, and a policy of "
-                  "your own can call detail::generic_all_gather");
-    if constexpr (runtime_type::host_addressable) detail::require_host_element<E>();
-    const auto ins = attach_leaves(self, in);
-    const auto outs = attach_leaves(self, out);
-    // (No header where gather_counts made the agreement check.)
-    detail::collective<runtime_type> c(rt_, self, header);
-    ops_.all_gather(c, ins.list(), counts, outs.list());
-    detach_leaves(self, ins, in);
-    detach_leaves(self, outs, out);
-  }
-
-  /// all_gather's first step (ReplicaContext::gather_counts): every replica's `leaves` lengths
-  /// into `all` (replica-major), the agreement check, and the checks of the widths and of the
-  /// span form's out size, which every replica makes alike: all throw the same shape_error.
-  void gather_counts(int self, const detail::collective_header& header, const std::size_t* counts,
-                     const std::size_t* widths, std::size_t leaves, std::size_t out_size, std::vector<std::size_t>& all) {
-    struct post {
-      const std::size_t* counts;
-      const std::size_t* widths;
-      std::size_t out_size;
-    };
-    detail::collective<runtime_type> c(rt_, self, &header);
-    const auto posts = c.exchange(post{counts, widths, out_size});
-    // Per replica: its lengths, its widths, its out size; every replica (of every worker)
-    // checks the same table, so all throw the same shape_error or none does.
-    const std::size_t words = 2 * leaves + 1;
-    std::vector<std::size_t> local(posts.size() * words);
-    for (std::size_t r = 0; r < posts.size(); ++r) {
-      for (std::size_t k = 0; k < leaves; ++k) {
-        local[r * words + k] = posts[r].counts[k];
-        local[r * words + leaves + k] = posts[r].widths[k];
-      }
-      local[r * words + 2 * leaves] = posts[r].out_size;
-    }
-    const std::vector<std::size_t>* table = &local;
-    [[maybe_unused]] std::vector<std::size_t> global;
-    if constexpr (multi_worker) {
-      // Worker w's replicas are global replicas w*R .. w*R+R-1: one all-gather of every
-      // worker's table is the global table, in global replica order. Replica 0 makes it; the
-      // others read it from its frame.
-      if (self == 0) {
-        global.resize(local.size() * static_cast<std::size_t>(num_workers()));
-        detail::all_gather_counts_across_workers(*rt_.workers(), local, global, "mirror::ReplicaContext::all_gather");
-      }
-      struct shared {
-        const std::vector<std::size_t>* table;
-      };
-      table = c.exchange(shared{&global})[0].table;
-    }
-    const std::size_t n = table->size() / words;
-    const auto word = [&](std::size_t r, std::size_t i) { return (*table)[r * words + i]; };
-    all.resize(n * leaves);
-    for (std::size_t r = 0; r < n; ++r) {
-      for (std::size_t k = 0; k < leaves; ++k) all[r * leaves + k] = word(r, k);
-    }
-    std::string problem;
-    for (std::size_t r = 1; r < n && problem.empty(); ++r) {
-      for (std::size_t k = 0; k < leaves; ++k) {
-        if (word(r, leaves + k) != word(0, leaves + k)) {
-          problem = detail::format("mirror::ReplicaContext::all_gather: leaf %zu (%s) has rows of %zu elements on "
-                                   "replica %zu but of %zu on replica 0; all_gather concatenates along the first "
-                                   "dimension only, so every replica's rows must be equally wide",
-                                   k, detail::demangle(header.leaf_types[k]->name()).c_str(), word(r, leaves + k), r,
-                                   word(0, leaves + k))
-                        .c_str();
-          break;
-        }
-      }
-    }
-    if (problem.empty() && leaves == 1) {
-      std::size_t total = 0;
-      for (std::size_t r = 0; r < n; ++r) total += word(r, 0);
-      for (std::size_t r = 0; r < n; ++r) {
-        const std::size_t out = word(r, 2 * leaves);
-        if (out != detail::any_size && out != total) {
-          problem = detail::format("mirror::ReplicaContext::all_gather(in, out, axis0) on replica %zu: out has %zu "
-                                   "elements but the replicas' inputs have %zu in all; pass an out span of %zu",
-                                   r, out, total, total)
-                        .c_str();
-          break;
-        }
-      }
-    }
-    if (multi_worker && problem.empty()) rt_.barrier(self);  // replica 0's table is read until here
-    if (!problem.empty()) {
-      rt_.barrier(self);  // every replica has read the others' frames before any unwinds
-      throw shape_error(problem);
-    }
-  }
-
-  /// A broadcast of at most this many bytes, on host leaves none of which is resizable, carries
-  /// the source's bytes in its one exchange (broadcast_bytes).
-  static constexpr std::size_t small_broadcast_bytes = 64;
-  /// Such a broadcast's payload: the source's leaves packed (ReplicaContext::local_broadcast).
-  struct small_broadcast_line {
-    alignas(16) unsigned char data[small_broadcast_bytes];
-  };
-
-  // The source's line rides in the exchange that checks the call: one barrier, where
-  // exchange_sizes and broadcast_leaves take three. The others take it in place of theirs. Read
-  // after the exchange, like the all-reduce's latency path: a replica's slot keeps its payload
-  // until the next exchange, which cannot complete before every replica has returned from this one.
-  void broadcast_bytes(int self, int from, const detail::collective_header& header, small_broadcast_line& line) {
-    detail::collective<runtime_type> c(rt_, self, &header);
-    const auto all = c.exchange(line);
-    if (self != from) line = all[static_cast<std::size_t>(from)];
-  }
-
-  const std::size_t* exchange_sizes(int self, const detail::collective_header& header, const std::size_t* sizes) {
-    detail::collective<runtime_type> c(rt_, self, &header);
-    const auto all = c.exchange(sizes);
-    return all[static_cast<std::size_t>(header.param)];
-  }
-
-  template <class E, std::size_t K>
-  void broadcast_leaves(int self, int from, const std::array<std::span<E>, K>& host) {
-    using pointer = typename runtime_type::template pointer<E>;
-    std::array<pointer, K> leaves{};
-    for (std::size_t k = 0; k < K; ++k) leaves[k] = rt_.attach(self, host[k]);
-    const auto all = rt_.exchange(self, static_cast<const pointer*>(leaves.data()));
-    if (self != from) {
-      const pointer* source = all[static_cast<std::size_t>(from)];
-      for (std::size_t k = 0; k < K; ++k) rt_.copy(self, leaves[k], source[k], host[k].size());
-    }
-    rt_.barrier(self);  // the source's buffers stay valid until every copy is done
-    for (std::size_t k = 0; k < K; ++k) rt_.detach(self, leaves[k], host[k]);
-  }
-
-  template <class Body>
-  const void* merge(int self, const detail::collective_header& header, const void* mine, Body&& body) {
-    detail::collective<runtime_type> c(rt_, self, &header);
-    const auto all = c.exchange(mine);
-    struct outcome {
-      const void* value;
-      const std::exception_ptr* failed;
-    };
-    outcome o{nullptr, nullptr};
-    std::exception_ptr failure;
-    if (self == 0) {
-      std::vector<const void*> args(all.size());
-      for (std::size_t r = 0; r < all.size(); ++r) args[r] = all[r];
-      try {
-        const auto produced = body(std::span<const void* const>(args));
-        o.value = produced.value;
-      } catch (...) {
-        failure = std::current_exception();
-        o.failed = &failure;
-      }
-    }
-    const auto outcomes = rt_.exchange(self, o);
-    if (outcomes[0].failed != nullptr) {
-      if (self == 0) std::rethrow_exception(failure);
-      throw detail::collective_cancelled_rethrow_me{};
-    }
-    return outcomes[0].value;
-  }
-
-  void end_merge(int self) { rt_.barrier(self); }
-
-  /// Before ReplicaContext::broadcast writes anything on a multi-worker strategy: the local
-  /// replicas check that they agree (`header`: the call, the global source, the sizes of the
-  /// leaves that cannot resize), then replica 0 of every worker checks the same across workers.
-  /// A disagreement is a shape_error on every replica of every worker (a local one reaches the
-  /// other workers through report_failure) before any buffer changes.
-  void check_broadcast(int self, const detail::collective_header& header, int root) {
-    detail::collective<runtime_type> c(rt_, self, &header);
-    c.barrier();
-    if (self == 0) rt_.workers()->check_broadcast(header.sizes, header.num_leaves, root, "mirror::ReplicaContext::broadcast");
-  }
-
-  /// The cross-worker part of ReplicaContext::broadcast: worker `root`'s replica 0 sends to every
-  /// worker's replica 0. The other replicas wait in the local broadcast that follows.
-  template <class N>
-  void cross_broadcast(int self, N& value, int root) {
-    if (self == 0) detail::broadcast_nest(*rt_.workers(), value, root, "mirror::ReplicaContext::broadcast");
   }
 
   runtime_type rt_;

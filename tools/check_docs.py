@@ -17,7 +17,8 @@
   tools/ and cmake/ ending in .hpp .cpp .cu .cuh .h .py .sh .cmake, also with .in after it,
   meson.build and CMakeLists.txt; the top-level meson.build, meson_options.txt and dev.sh) that
   cites a Markdown document names it by its path from the repository root, optionally with an
-  anchor: `docs/design.md`, `docs/design.md#compile-time`, `bench/results/hand_blocked.md`. The
+  anchor: `docs/design.md`, `docs/design.md#compile-time`, `bench/results/hand_blocked.md` (in a
+  Doxygen comment, `///`, the anchor is written `\\#compile-time`, which Doxygen prints as `#`). The
   file must exist inside the repository and the anchor must be one of its headings (GitHub's
   slug, as for links), so a bare file name or a document kept outside the repository is an
   error. Comments are `//` and `/* */` in C and C++ (string and character literals skipped),
@@ -52,7 +53,7 @@ SOURCE_DIRS = ('mirror', 'backends', 'tests', 'bench', 'examples', 'tools', 'cma
 SOURCE_TOP = ('meson.build', 'meson_options.txt', 'dev.sh')
 C_SUFFIXES = ('.hpp', '.cpp', '.cu', '.cuh', '.h')
 HASH_SUFFIXES = ('.sh', '.cmake')
-DOC_REF = re.compile(r'(?<![\w./:-])((?:[\w.-]+/)*[\w.-]+\.md)(?:#([\w-]+))?(?![\w/-])')
+DOC_REF = re.compile(r'(?<![\w./:-])((?:[\w.-]+/)*[\w.-]+\.md)(?:\\?#([\w-]+))?(?![\w/-])')
 RAW_STRING = re.compile(r'(?:u8|u|U|L)?R"([^()\\\s"]{0,16})\(')
 
 

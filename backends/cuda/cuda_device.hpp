@@ -19,7 +19,7 @@ namespace mirror::devices {
 ///
 /// Each replica has its own stream and host thread; `fn` runs with its device current, and
 /// what it enqueues on `mirror::cuda::current_stream()` is ordered with the collectives
-/// (docs/cuda.md#the-device). Memory comes from plain `cudaMalloc`; GPUs that can reach each
+/// (docs/cuda.md\#the-device). Memory comes from plain `cudaMalloc`; GPUs that can reach each
 /// other get peer access; elsewhere copies are staged through host memory.
 ///
 /// **Errors**: `mirror::backend_error` (with the `cudaError_t`) when CUDA has no device or a

@@ -173,7 +173,7 @@ class runtime {
     const auto l = impl::scratch(*state_, self, n * sizeof(E));
     return {static_cast<E*>(l.ptr), l.device};
   }
-  /// run's copy of a shared host argument (docs/cuda.md#host-arguments-of-run): fn receives this
+  /// run's copy of a shared host argument (docs/cuda.md\#host-arguments-of-run): fn receives this
   /// view of `self`'s copy. The copy is enqueued on `self`'s stream before fn starts, into a buffer
   /// per slot that later runs reuse (same stream, so a run's upload waits for the kernels of the
   /// previous run that read the buffer). The copy is waited for (with the replica's earlier

@@ -20,7 +20,7 @@
 namespace mirror::ops {
 
 /// Local reduce → one cross-worker all-reduce of one staging buffer per worker → local broadcast
-/// (Horovod's hierarchical all-reduce; docs/multi-worker.md#what-changes-with-several-workers).
+/// (Horovod's hierarchical all-reduce; docs/multi-worker.md\#what-changes-with-several-workers).
 ///
 /// 1. The worker's replicas all-reduce with `LocalOps` (`mean` as `sum`: no division yet).
 /// 2. Replica 0 packs the result into one buffer (in place for a single leaf) and `Cross`

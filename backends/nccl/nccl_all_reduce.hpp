@@ -48,7 +48,7 @@ namespace mirror::ops {
 /// type and op (`Cluster{.validate_shapes}`): a mismatch is a `shape_error`, a worker that does
 /// not come a `timeout_error` naming it, before any NCCL call could wait for it on the GPU.
 /// **Communication**: NCCL's ring or tree, about 2·(N-1)/N·S bytes per replica. A call returns
-/// once the all-reduce is enqueued on the replica's stream (docs/cuda.md#the-device); a watchdog
+/// once the all-reduce is enqueued on the replica's stream (docs/cuda.md\#the-device); a watchdog
 /// checks each one's completion at the replica's next NCCL call (waiting only when 16 are
 /// unfinished) and aborts the communicators if one is not done within the device's `timeout`.
 struct NcclAllReduce {

@@ -45,7 +45,7 @@ struct ChunkOwnerAllReduce {
   /// side by side runs 4x longer before the next block's, which streams from DRAM faster. Below 8
   /// replicas the wider block gains nothing (2 replicas lose), so they keep 8 KiB; above 48 KiB the
   /// write-back leaves L2. (Chosen on a standalone copy of the loop; the figures are in
-  /// bench/results/comment_history.md, mirror's own in docs/performance.md#all_reduce.) The block
+  /// bench/results/comment_history.md, mirror's own in docs/performance.md\#all_reduce.) The block
   /// is on the stack: 32 KiB of every replica's, the caller's thread's included.
   static constexpr int wide_block_replicas = 8;
   static constexpr std::size_t wide_block_bytes = 32768;  ///< the wide block (see wide_block_replicas)

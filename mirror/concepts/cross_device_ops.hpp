@@ -15,7 +15,7 @@
 /// - optionally `void validate(const Rt&) const`, called by `Strategy`'s constructor, throwing
 ///   `std::invalid_argument` for a setting the device cannot honour.
 ///
-/// **For `ctx.reduce_scatter` and `ctx.all_gather`** (docs/guide.md#collectives-inside-run; a
+/// **For `ctx.reduce_scatter` and `ctx.all_gather`** (docs/guide.md\#collectives-inside-run; a
 /// strategy whose policy lacks them compiles until it calls them, then a static_assert names
 /// the member):
 /// - `void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,

@@ -36,7 +36,7 @@
 /// - Optional, for runtimes that are not `host_addressable`: `template <class E> using view` and
 ///   `rt.stage_argument<E>(self, slot, std::span<const E>)` → `view<const E>`, a copy of a host
 ///   array on `self`'s device for `fn` to read (run copies shared host arguments this way,
-///   docs/cuda.md#host-arguments-of-run; mirror/detail/staged_argument.hpp). Without them such
+///   docs/cuda.md\#host-arguments-of-run; mirror/detail/staged_argument.hpp). Without them such
 ///   arguments are a compile error naming this hook.
 /// - Optional: `rt.fold_into_all(self, op, parts, count, n)` → `bool` and `Rt::max_fold_parts`:
 ///   folds `n` elements of `count` parts in part order (divided by `count` for mean) into every

@@ -101,7 +101,7 @@ using wrapping_t = typename std::conditional_t<std::is_integral_v<E>, std::make_
 /// The switch is hoisted, and the loop over whole 16-byte groups is written with GCC's vector
 /// extensions: one SSE2 (or NEON) operation per group, the instructions GCC's auto-vectoriser would
 /// choose, without the vectoriser's and the unroller's work in every header-only translation unit
-/// (docs/design.md#compile-time). (Floating-point min and max select bits, so that they are minimum
+/// (docs/design.md\#compile-time). (Floating-point min and max select bits, so that they are minimum
 /// and maximum above: equal values take the OR (min: -0 wins) or the AND (max: +0 wins) of their
 /// bits, which are the same bits unless the values are zeros of both signs, and a NaN in dst stays,
 /// one in src replaces dst, as the comparison of anything with a NaN is false.)
@@ -194,7 +194,7 @@ inline constexpr bool has_sum_many =
 /// DRAM (the chunk-owner all-reduce of 8 and 16 replicas; bench/all_reduce_bench.cpp). For one
 /// source combine_into is faster, so callers pass two or more. Only sum (and mean, a sum until
 /// divided), the reductions of training: every loop here is compiled per element type in every
-/// header-only translation unit (docs/design.md#compile-time).
+/// header-only translation unit (docs/design.md\#compile-time).
 template <class E>
 void sum_many(void* to, const void* const* src, std::size_t count, std::size_t n) noexcept {
 #if defined(__GNUC__)

@@ -9,7 +9,7 @@ namespace mirror::detail {
 /// What mirror's headers used of `std::unique_ptr<T>`: delete on destruction, no copies, access.
 /// Written out because a `std::unique_ptr<X>` member whose type does not depend on a template
 /// parameter is instantiated (with its deleter storage, a std::tuple) wherever the class is
-/// parsed, used or not (docs/design.md#compile-time).
+/// parsed, used or not (docs/design.md\#compile-time).
 ///
 /// `T` may be incomplete where `owned<T>` is declared; it must be complete where the destructor
 /// is instantiated (the owner's out-of-line destructor, as with unique_ptr). Not movable: its

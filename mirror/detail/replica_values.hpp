@@ -39,7 +39,7 @@ void release_values(T* p) noexcept {
 /// One value per replica, contiguous, in replica order; its size is fixed when it is built.
 /// Not a std::vector: `run` builds each replica's result in its final place (replica_builder),
 /// and a vector has no way to take values built in place. That also keeps the code each result
-/// type instantiates small (docs/design.md#compile-time). Contiguous for every T, bool too.
+/// type instantiates small (docs/design.md\#compile-time). Contiguous for every T, bool too.
 template <class T>
 class replica_storage {
  public:

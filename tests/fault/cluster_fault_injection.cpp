@@ -51,10 +51,13 @@
 #include <tuple>
 #include <vector>
 #include <mirror/mirror.hpp>
+#include "fault/fault_reference.hpp"  // reference, same
 
 namespace {
 
 using mirror::ReduceOp;
+using mirror::test::reference;
+using mirror::test::same;
 using namespace std::chrono_literals;
 using Cluster = mirror::devices::Cluster<mirror::devices::Threads>;
 
@@ -129,48 +132,6 @@ double input(const trial& t, int s, int g, std::size_t i) {
     if (h % 11 == 0) return 0.0;
   }
   return static_cast<double>(static_cast<int>(h % 41) - 20);
-}
-
-// The documented result of a reduction of the replicas' values x (in global replica order).
-template <class E>
-E reference(ReduceOp op, const std::vector<E>& x) {
-  E acc = x[0];
-  for (std::size_t r = 1; r < x.size(); ++r) {
-    const E v = x[r];
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::mean: acc = static_cast<E>(acc + v); break;
-      case ReduceOp::prod: acc = static_cast<E>(acc * v); break;
-      case ReduceOp::min:
-      case ReduceOp::max:
-        if constexpr (std::is_floating_point_v<E>) {
-          if (std::isnan(acc) || std::isnan(v)) {
-            acc = std::numeric_limits<E>::quiet_NaN();
-          } else if (acc == 0 && v == 0) {  // zeros of either sign: -0 is below +0
-            const bool negative = op == ReduceOp::min ? (std::signbit(acc) || std::signbit(v))
-                                                      : (std::signbit(acc) && std::signbit(v));
-            acc = negative ? E(-0.0) : E(0.0);
-          } else {
-            acc = op == ReduceOp::min ? std::fmin(acc, v) : std::fmax(acc, v);
-          }
-        } else {
-          acc = op == ReduceOp::min ? std::min(acc, v) : std::max(acc, v);
-        }
-        break;
-    }
-  }
-  if (op == ReduceOp::mean) acc = static_cast<E>(acc / static_cast<E>(x.size()));
-  return acc;
-}
-
-template <class E>
-bool same(E a, E b) {
-  if constexpr (std::is_floating_point_v<E>) {
-    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
-    return a == b && std::signbit(a) == std::signbit(b);
-  } else {
-    return a == b;
-  }
 }
 
 trial make_trial(std::uint64_t seed, std::uint64_t id) {

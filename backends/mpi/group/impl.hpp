@@ -426,7 +426,7 @@ struct group::impl {
   void execute(job& j);
 
   /// An all-reduce whose every element folds the workers' values in worker order, (((x0 op x1)
-  /// op x2) ...), whatever MPI's algorithms and settings (docs/multi-worker.md#bits): worker p gets
+  /// op x2) ...), whatever MPI's algorithms and settings (docs/multi-worker.md\#bits): worker p gets
   /// slice p of every worker's buffer (MPI_Ialltoallv), folds the W copies in worker order
   /// (MPI_Reduce_local: inout = in op inout, and a op b == b op a bitwise for IEEE sums and
   /// products, so each step is acc op x_p), and every worker gathers every slice
