@@ -75,8 +75,10 @@ class ReplicaContext {
     std::size_t k = 0;
     detail::for_each_leaf([&](auto& l) { sizes[k++] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size(); },
                           result);
-    const detail::collective_header header = make_header<N>(detail::collective_kind::all_reduce,
-                                                            static_cast<int>(op), sizes);
+    detail::collective_header header = make_header<N>(detail::collective_kind::all_reduce, static_cast<int>(op), sizes);
+    header.in_place = []<class... Ls>(detail::type_list<Ls...>) {
+      return (false || ... || leaf_traits<Ls>::is_view);
+    }(detail::leaf_types_t<N>{});
     const detail::collective_header* pending = &header;
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
       collectives_.template all_reduce_leaves<E>(self_, op, detail::leaves_of<E>(result), pending);
@@ -418,7 +420,7 @@ class ReplicaContext {
       detail::current_position = {sequence, kind, param};
     }
     return {kind,       param, sequence, &typeid(N), K, detail::shape_hash(sizes.data(), K), sizes.data(),
-            detail::leaf_type_infos<N>};
+            detail::leaf_type_infos<N>, false};
   }
 
   /// The last step of MirroredVariable's update_sharded: every replica's cut of each leaf of its

@@ -76,10 +76,12 @@ struct Hierarchical {
     // all-reduce instead of two); with several, it must finish before the local phase.
     const bool check_apart = c.num_replicas() > 1;
     if (check_apart) {
-      // The local agreement first (a checked barrier), then the cross-worker one, then the local
-      // phase that writes: a mismatch among one worker's replicas reaches the others while they
-      // wait in their cross check, before any of their buffers changes.
-      c.barrier();
+      // Span leaves are reduced in place: then the local agreement comes first (a checked
+      // barrier), then the cross-worker one, then the local phase that writes, so a mismatch
+      // among one worker's replicas reaches the others while they wait in their cross check,
+      // before any of their spans changes. Owning leaves are reduced in a copy the call returns
+      // only on success: the local phase's own first exchange checks them, without the barrier.
+      if (c.writes_in_place()) c.barrier();
       if (self == 0) g.check_all_reduce(s.total, detail::element_kind_of<E>(), op, "mirror::ReplicaContext::all_reduce");
     }
     local.all_reduce(c, detail::cross_op(op), s);

@@ -81,6 +81,7 @@ struct collective_header {
   std::uint64_t shape_hash;       // of the sizes that must agree (any_size entries are skipped)
   const std::size_t* sizes;       // element count per leaf, or any_size; the caller's frame
   const std::type_info* const* leaf_types;  // each leaf's type (static storage)
+  bool in_place = false;          // the nest has view leaves (spans): the collective writes the caller's memory
 };
 
 /// A 64-bit mix of the checked sizes (splitmix64 steps): equal shapes give equal hashes.
@@ -197,10 +198,14 @@ template <class Rt>
 class collective {
  public:
   collective(Rt& rt, int self, const collective_header* header) noexcept
-      : rt_(&rt), self_(self), header_(header) {}
+      : rt_(&rt), self_(self), header_(header), in_place_(header != nullptr && header->in_place) {}
 
   Rt& runtime() const noexcept { return *rt_; }
   int self() const noexcept { return self_; }
+  /// Whether the call writes memory the caller sees (span leaves, reduced in place) rather than
+  /// copies it returns: a policy that must refuse before it writes checks agreement first then.
+  /// Known on the call's first collective (the one with its header); false on later ones.
+  bool writes_in_place() const noexcept { return in_place_; }
   int num_replicas() const noexcept { return rt_->num_replicas(); }
 
   /// All-gather of a small trivially copyable payload, and a barrier. The first exchange of a
@@ -250,6 +255,7 @@ class collective {
   Rt* rt_;
   int self_;
   const collective_header* header_;
+  bool in_place_;
 };
 
 }  // namespace mirror::detail
