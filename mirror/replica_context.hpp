@@ -76,9 +76,7 @@ class ReplicaContext {
     detail::for_each_leaf([&](auto& l) { sizes[k++] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size(); },
                           result);
     detail::collective_header header = make_header<N>(detail::collective_kind::all_reduce, static_cast<int>(op), sizes);
-    header.in_place = []<class... Ls>(detail::type_list<Ls...>) {
-      return (false || ... || leaf_traits<Ls>::is_view);
-    }(detail::leaf_types_t<N>{});
+    header.in_place = !detail::all_leaves_own<N>();
     const detail::collective_header* pending = &header;
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
       collectives_.template all_reduce_leaves<E>(self_, op, detail::leaves_of<E>(result), pending);
@@ -264,15 +262,7 @@ class ReplicaContext {
       detail::current_position = {sequence, detail::collective_kind::broadcast, from};
       {
         // Nothing is written until every replica of every worker agrees on the call.
-        constexpr std::size_t K = detail::leaf_count<N>();
-        std::array<std::size_t, K> shape{};
-        std::size_t k = 0;
-        detail::for_each_leaf(
-            [&](auto& l) {
-              using L = std::remove_cvref_t<decltype(l)>;
-              shape[k++] = leaf_traits<L>::resizable ? detail::any_size : leaf_traits<L>::elements(l).size();
-            },
-            result);
+        const auto shape = broadcast_shape(result);
         collectives_.check_broadcast(self_, make_header<N>(detail::collective_kind::broadcast, from, shape, sequence),
                                      root);
       }
@@ -287,23 +277,36 @@ class ReplicaContext {
   }
 
  private:
+  /// What a broadcast's replicas must agree on: each leaf's size, except a resizable leaf's
+  /// (any_size), which takes the source's.
+  template <class N>
+  static std::array<std::size_t, detail::leaf_count<N>()> broadcast_shape(N& value) {
+    std::array<std::size_t, detail::leaf_count<N>()> shape{};
+    std::size_t k = 0;
+    detail::for_each_leaf(
+        [&](auto& l) {
+          using L = std::remove_cvref_t<decltype(l)>;
+          shape[k++] = leaf_traits<L>::resizable ? detail::any_size : leaf_traits<L>::elements(l).size();
+        },
+        value);
+    return shape;
+  }
+
   /// broadcast among this process's replicas, `from` a local replica index; `sequence` is the
   /// user's broadcast's number in fn.
   template <class N>
   N local_broadcast(N result, int from, std::uint64_t sequence) {
     constexpr std::size_t K = detail::leaf_count<N>();
-    std::array<std::size_t, K> sizes{}, shape{};  // shape: what must agree (resizable leaves need not)
+    std::array<std::size_t, K> sizes{};
     std::size_t k = 0, bytes = 0;
     detail::for_each_leaf(
         [&](auto& l) {
-          using L = std::remove_cvref_t<decltype(l)>;
-          const auto e = leaf_traits<L>::elements(l);
-          sizes[k] = e.size();
-          shape[k] = leaf_traits<L>::resizable ? detail::any_size : sizes[k];
+          const auto e = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
+          sizes[k++] = e.size();
           bytes += e.size_bytes();
-          ++k;
         },
         result);
+    const auto shape = broadcast_shape(result);
     const detail::collective_header header = make_header<N>(detail::collective_kind::broadcast, from, shape, sequence);
     if constexpr (!detail::has_device_leaf<N>() && !detail::has_resizable_leaf<N>()) {
       // A few bytes ride in the exchange itself (Strategy::broadcast_bytes). No leaf is

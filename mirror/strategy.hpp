@@ -273,7 +273,7 @@ class Strategy {
                   "mirror::Strategy::reduce(op, value): value must be a PerReplica<T> or Mirrored<T> "
                   "(what run returns); inside fn, use ctx.all_reduce instead");
     using T = typename V::value_type;
-    static_assert(!has_view_leaf<T>(),
+    static_assert(detail::all_leaves_own<T>(),
                   "mirror::Strategy::reduce(op, value): value holds std::span (view) leaves, so the "
                   "result would alias replica 0's buffer; all_reduce the spans inside fn, or reduce "
                   "owning leaves such as std::vector");
@@ -596,14 +596,6 @@ class Strategy {
   const Ops& ops() const noexcept { return ops_; }
 
  private:
-
-  template <class T>
-  static consteval bool has_view_leaf() {
-    return []<class... Ls>(detail::type_list<Ls...>) {
-      return (false || ... || leaf_traits<Ls>::is_view);
-    }(detail::leaf_types_t<T>{});
-  }
-
   /// What replica r's fn receives for argument a: `detail::hold_for_replica`, except that on a
   /// device the replicas' threads cannot read, a shared host value is first copied to replica r's
   /// device (docs/cuda.md\#host-arguments-of-run; mirror/detail/staged_argument.hpp).

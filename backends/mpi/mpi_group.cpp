@@ -201,8 +201,6 @@ void group::check_all_reduce(std::size_t count, detail::element_kind kind, Reduc
   if (!impl_->validate) return;  // Cluster{.validate_shapes = false}: trust the program
   impl::job j{impl::job::check, nullptr, count, kind, op, 0, what, false, nullptr};
   j.in_worker_order = impl_->in_worker_order(kind);
-  j.position = detail::current_position;
-  j.phase = impl_->phase.load(std::memory_order_relaxed);
   impl_->run(j);
 }
 
@@ -214,8 +212,6 @@ void group::all_reduce(void* data, std::size_t count, detail::element_kind kind,
   }
   impl::job j{impl::job::reduce, data, count, kind, op, 0, what, checked, nullptr};
   j.in_worker_order = impl_->in_worker_order(kind);
-  j.position = detail::current_position;
-  j.phase = impl_->phase.load(std::memory_order_relaxed);
   impl_->run(j);
 }
 
@@ -225,8 +221,6 @@ void group::check_broadcast(const std::size_t* shape, std::size_t num_leaves, in
   j.checks_broadcast = true;
   j.sizes = shape;
   j.num_sizes = num_leaves;
-  j.position = detail::current_position;
-  j.phase = impl_->phase.load(std::memory_order_relaxed);
   impl_->run(j);
 }
 
@@ -236,8 +230,6 @@ void group::broadcast(void* data, std::size_t bytes, int root, const char* what)
                                 " bytes in one cross-worker broadcast exceed MPI's int count; split the leaf");
   }
   impl::job j{impl::job::bcast, data, bytes, {}, ReduceOp::sum, root, what, false, nullptr};
-  j.position = detail::current_position;
-  j.phase = impl_->phase.load(std::memory_order_relaxed);
   impl_->run(j);
 }
 
@@ -254,8 +246,6 @@ void group::reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::s
   j.sizes = leaf_sizes;
   j.num_sizes = num_leaves;
   j.out = out;
-  j.position = detail::current_position;
-  j.phase = impl_->phase.load(std::memory_order_relaxed);
   impl_->run(j);
 }
 
@@ -269,8 +259,6 @@ void group::all_gather(void* const* leaves, std::size_t num_leaves, const std::s
   j.sizes = counts;
   j.num_sizes = num_leaves;
   j.leaves = leaves;
-  j.position = detail::current_position;
-  j.phase = impl_->phase.load(std::memory_order_relaxed);
   impl_->run(j);
 }
 
@@ -278,8 +266,6 @@ void group::all_gather_counts(const std::size_t* mine, std::size_t per_worker, s
   impl::job j{impl::job::counts, const_cast<std::size_t*>(mine), per_worker, int64_kind, ReduceOp::sum, 0, what, false,
               nullptr};
   j.out = all;
-  j.position = detail::current_position;
-  j.phase = impl_->phase.load(std::memory_order_relaxed);
   impl_->run(j);
 }
 

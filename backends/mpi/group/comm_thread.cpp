@@ -21,6 +21,9 @@ std::exception_ptr group::impl::broken_error() const {
 }
 
 void group::impl::run(job& j) {
+  // Which call of the program this is, read on the caller's thread (both are the caller's).
+  j.position = detail::current_position;
+  j.phase = phase.load(std::memory_order_relaxed);
   // One job at a time: the calling rule says one caller per worker, but a second thread must
   // not overwrite the job slot if a program breaks it (its order across workers is its own).
   std::lock_guard one_caller(caller_mutex);

@@ -221,8 +221,8 @@ struct group::impl {
     bool checks_broadcast = false;  // check: of a broadcast from `root` of leaves `sizes` (check_broadcast)
     // The caller's collective of fn (detail::current_position, read on the caller's thread), for
     // messages; sequence 0 outside fn (then `what` names the API).
-    detail::collective_position position{};
-    std::int64_t phase = 0;  // the caller's phase (impl::phase) when it handed the job over
+    detail::collective_position position{};  // set by run()
+    std::int64_t phase = 0;  // the caller's phase (impl::phase) when it handed the job over (run())
     // scatter: the leaf sizes (count: their sum) and where the worker's range goes; gather: the
     // leaves and the W*K counts (count: all leaves' bytes); counts: `out` gets W*count words.
     const std::size_t* sizes = nullptr;
