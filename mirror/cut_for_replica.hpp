@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/nest_walk.hpp>
-#include <mirror/detail/replica_rows.hpp>
+#include <mirror/backend/cut_of.hpp>
 #include <mirror/leaf_traits.hpp>
 #include <mirror/value_context.hpp>
 
@@ -35,7 +35,7 @@ T cut_for_replica(const T& value, const ValueContext& c) {
       [&](auto& leaf) {
         using L = std::remove_cvref_t<decltype(leaf)>;
         const auto elements = leaf_traits<L>::elements(leaf);
-        const auto [first, count] = detail::replica_rows(elements.size(), c.num_replicas_in_sync, c.replica_id_in_sync_group);
+        const auto [first, count] = backend::cut_of(elements.size(), c.num_replicas_in_sync, c.replica_id_in_sync_group);
         for (std::size_t i = 0; i < count; ++i) elements[i] = elements[first + i];
         leaf_traits<L>::resize(leaf, count);
       },

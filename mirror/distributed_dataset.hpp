@@ -25,7 +25,7 @@
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/lean_ranges.hpp>  // <ranges>: the parts used
 #include <mirror/detail/nest_walk.hpp>
-#include <mirror/detail/replica_rows.hpp>
+#include <mirror/backend/cut_of.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <mirror/error.hpp>
 #include <mirror/input_context.hpp>
@@ -179,7 +179,7 @@ std::size_t batch_rows(const B& batch) {
 template <class B>
 batch_view_t<B> split_batch(const B& batch, std::size_t global, int replicas, int r) {
   // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
-  const auto rows = replica_rows(global, replicas, r);
+  const auto rows = backend::cut_of(global, replicas, r);
   const std::size_t first = rows.first, count = rows.second;
   batch_view_t<B> view{};
   for_each_batch_leaf(

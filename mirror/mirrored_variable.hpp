@@ -14,7 +14,7 @@
 #include <mirror/detail/access.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
-#include <mirror/detail/replica_rows.hpp>
+#include <mirror/backend/cut_of.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/error.hpp>
 #include <mirror/synced.hpp>
@@ -129,9 +129,9 @@ class MirroredVariable {
                       "mirror::MirroredVariable::handle::update_sharded: grads and every state must have as many "
                       "leaves of each element type as the variable, in the same order");
         auto params = detail::leaves_of<E>(*copy_);
-        auto g = detail::leaves_of<E>(const_cast<Grads&>(grads));
+        const auto g = detail::const_leaves_of<E>(grads);
         for (std::size_t j = 0; j < params.size(); ++j) {
-          const std::size_t cut = detail::replica_rows(params[j].size(), n, r).second;
+          const std::size_t cut = backend::cut_of(params[j].size(), n, r).second;
           if (g[j].size() != params[j].size()) {
             throw shape_error(where("update_sharded") + ": gradient leaf " + std::to_string(j) + " has " +
                               std::to_string(g[j].size()) + " elements but the variable's has " +
@@ -154,11 +154,11 @@ class MirroredVariable {
       const Grads reduced = ctx_->reduce_scatter(op, grads);
       detail::for_each_type(detail::element_types_t<T>{}, [&]<class E>() {
         auto params = detail::leaves_of<E>(*copy_);
-        auto g = detail::leaves_of<E>(const_cast<Grads&>(reduced));
+        const auto g = detail::const_leaves_of<E>(reduced);
         const auto s = std::tuple{detail::leaves_of<E>(states)...};
         for (std::size_t j = 0; j < params.size(); ++j) {
           // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
-          const auto cut = detail::replica_rows(params[j].size(), n, r);
+          const auto cut = backend::cut_of(params[j].size(), n, r);
           const std::span<E> mine = params[j].subspan(cut.first, cut.second);
           std::apply([&](const auto&... state) { step(mine, std::span<const E>(g[j]), state[j]...); }, s);
         }
@@ -227,13 +227,12 @@ class MirroredVariable {
   auto end() const noexcept { return copies_.cend(); }
   ///@}
 
-  /// The handle replica `r` receives in `run` (used by Strategy).
+ private:
+  // The handle replica `r` receives in `run` (Strategy's, through detail::access).
   template <class Context>
   handle<Context> handle_for(int r, Context& ctx) noexcept {
     return handle<Context>(copies_[static_cast<std::size_t>(r)], aggregation_, ctx);
   }
-
- private:
   MirroredVariable(const T& init, int replicas, VariableAggregation aggregation)
       : copies_(static_cast<std::size_t>(replicas), init), aggregation_(aggregation) {
     if constexpr (!detail::all_leaves_floating<T>()) {

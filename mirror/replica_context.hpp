@@ -19,9 +19,9 @@
 #include <vector>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
-#include <mirror/detail/collective.hpp>
+#include <mirror/backend/collective.hpp>
 #include <mirror/detail/format.hpp>
-#include <mirror/detail/gather_scatter.hpp>
+#include <mirror/backend/generic_collectives.hpp>
 #include <mirror/detail/gathered.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
@@ -123,24 +123,21 @@ class ReplicaContext {
     G result{};
     k = 0;
     detail::for_each_leaf([&](auto& out) { detail::size_gathered(out, total_of(all, K, k), widths[k]); ++k; }, result);
-    // The inputs are only read. Devices that stage host leaves write them back, so they get a copy.
-    std::optional<N> copy;
-    N& in = input_of(value, copy);
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
       constexpr auto at = detail::leaf_positions<N, E>();
       std::vector<std::size_t> counts_of_e(all.size() / K * at.size());
       for (std::size_t r = 0; r < all.size() / K; ++r) {
         for (std::size_t j = 0; j < at.size(); ++j) counts_of_e[r * at.size() + j] = all[r * K + at[j]];
       }
-      collectives_.template all_gather_leaves<E>(self_, detail::leaves_of<E>(in), counts_of_e,
+      collectives_.template all_gather_leaves<E>(self_, detail::const_leaves_of<E>(value), counts_of_e,
                                                  detail::leaves_of<E>(result), nullptr);
     });
     return detail::access::synced(std::move(result));
   }
 
   /// The span form of `all_gather`: every replica's `in` into `out`, in replica order, with no
-  /// allocation on host devices (a device that stages host memory works on a copy of `in`, which
-  /// it never writes). **Requires**: `out.size()` is the sum of every replica's `in.size()`, on every
+  /// allocation on host devices (a device that stages host memory copies `in` to the device and
+  /// never writes it back). **Requires**: `out.size()` is the sum of every replica's `in.size()`, on every
   /// replica (else `mirror::shape_error`, on every replica, before anything is copied); `out`
   /// does not overlap any replica's `in`, except that `in` may be exactly this replica's own
   /// part of `out` (in place: the parts of the replicas before it, then it).
@@ -150,16 +147,8 @@ class ReplicaContext {
                   "mirror::ReplicaContext::all_gather: device-resident spans need devices::Cuda");
     const std::array<std::size_t, 1> counts{in.size()}, widths{1};
     const std::vector<std::size_t>& all = gather_counts<std::span<E>>(counts, widths, out.size());
-    // A device that stages host leaves (not host_addressable) writes every attached leaf back
-    // (detach); `in` is read-only, may be read-only memory, and may be read by other replicas
-    // meanwhile, so such a device attaches a copy of it.
-    std::vector<E> copy;
-    std::span<E> source(const_cast<E*>(in.data()), in.size());
-    if constexpr (!Strategy::runtime_type::host_addressable && !detail::has_device_leaf<std::span<E>>()) {
-      copy.assign(in.begin(), in.end());
-      source = copy;
-    }
-    const std::array<std::span<E>, 1> ins{source}, outs{out};
+    const std::array<std::span<const E>, 1> ins{in};
+    const std::array<std::span<E>, 1> outs{out};
     collectives_.template all_gather_leaves<E>(self_, ins, all, outs, nullptr);
   }
   /// (For a non-const `in`: the same.)
@@ -209,7 +198,7 @@ class ReplicaContext {
         [&](auto& l, auto& out) {
           using L = std::remove_cvref_t<decltype(l)>;
           sizes[k] = leaf_traits<L>::elements(l).size();
-          const auto cut = detail::cut_of(sizes[k++], n, g);
+          const auto cut = backend::cut_of(sizes[k++], n, g);
           if constexpr (leaf_traits<L>::is_view) {
             out = L(leaf_traits<L>::elements(l).data() + cut.first, cut.second);
           } else {
@@ -231,7 +220,8 @@ class ReplicaContext {
   /// Every replica gets replica `from`'s `value` (`from` is a global replica id on a multi-worker
   /// strategy: worker `from / R` sends it to every other worker).
   ///
-  /// **Requires**: `0 <= from < num_replicas_in_sync()` (else `std::invalid_argument`); the same
+  /// **Requires**: `0 <= from < num_replicas_in_sync()` (else `mirror::error`, which `run`
+  /// reports as it is, as it does the collectives' other errors); the same
   /// nest type on every replica. Resizable leaves (`std::vector`) take `from`'s size; other
   /// leaves must already have it (`mirror::shape_error` otherwise).
   /// **Effects**: returns a copy of replica `from`'s value; view leaves receive it in place.
@@ -246,10 +236,9 @@ class ReplicaContext {
                   "mirror::ReplicaContext::broadcast: the value holds device-resident leaves (GPU memory) but this "
                   "strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");
     if (from < 0 || from >= num_replicas_in_sync()) {
-      throw std::invalid_argument(detail::format("mirror::ReplicaContext::broadcast(value, from = %d) on replica %d: "
-                                                 "from must be a replica id in 0..%d",
-                                                 from, self_, num_replicas_in_sync() - 1)
-                                      .c_str());
+      throw error(detail::format("mirror::ReplicaContext::broadcast(value, from = %d) on replica %d: "
+                                 "from must be a replica id in 0..%d",
+                                 from, self_, num_replicas_in_sync() - 1));
     }
     N result(std::forward<T>(value));
     if constexpr (Strategy::multi_worker) {
@@ -441,12 +430,12 @@ class ReplicaContext {
     const int n = num_replicas_in_sync(), g = replica_id_in_sync_group();
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
       const auto full = detail::leaves_of<E>(copy);
-      auto cuts = full;
+      std::array<std::span<const E>, full.size()> cuts{};
       std::vector<std::size_t> counts(static_cast<std::size_t>(n) * full.size());
       for (std::size_t j = 0; j < full.size(); ++j) {
-        const auto [first, count] = detail::cut_of(full[j].size(), n, g);
+        const auto [first, count] = backend::cut_of(full[j].size(), n, g);
         cuts[j] = full[j].subspan(first, count);
-        for (int q = 0; q < n; ++q) counts[static_cast<std::size_t>(q) * full.size() + j] = detail::cut_of(full[j].size(), n, q).second;
+        for (int q = 0; q < n; ++q) counts[static_cast<std::size_t>(q) * full.size() + j] = backend::cut_of(full[j].size(), n, q).second;
       }
       collectives_.template all_gather_leaves<E>(self_, cuts, counts, full, pending);
       pending = nullptr;

@@ -24,7 +24,7 @@
 #include <mirror/default_device.hpp>
 #include <mirror/default_ops.hpp>
 #include <mirror/detail/access.hpp>
-#include <mirror/detail/collective.hpp>
+#include <mirror/backend/collective.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/format.hpp>
@@ -65,7 +65,7 @@ decltype(auto) hold_for_replica(A&& a, int r, Context& ctx) {
     static_assert(std::is_lvalue_reference_v<A> && !std::is_const_v<std::remove_reference_t<A>>,
                   "mirror::Strategy::run(fn, args...): pass a variable as a non-const lvalue (it is updated "
                   "through the handle fn receives)");
-    return a.handle_for(r, ctx);
+    return access::handle_for(a, r, ctx);
   } else if constexpr (is_per_replica<D>::value) {
     if constexpr (std::is_lvalue_reference_v<A> && !std::is_const_v<std::remove_reference_t<A>>) {
       return a[static_cast<std::size_t>(r)];  // T&
@@ -659,7 +659,7 @@ class Strategy {
     } leave;
     try {
       body();
-    } catch (const detail::collective_cancelled_rethrow_me&) {
+    } catch (const backend::collective_cancelled_rethrow_me&) {
       // another replica failed first; its error is the one reported
     } catch (...) {
       detail::keep_current_exception(errors, static_cast<std::size_t>(r));

@@ -124,13 +124,12 @@ class SyncOnReadVariable {
   auto end() const noexcept { return copies_.cend(); }
   ///@}
 
-  /// The handle replica `r` receives in `run` (used by Strategy).
+ private:
+  // The handle replica `r` receives in `run` (Strategy's, through detail::access).
   template <class Context>
   handle handle_for(int r, Context&) noexcept {
     return handle(copies_[static_cast<std::size_t>(r)]);
   }
-
- private:
   SyncOnReadVariable(const T& init, int replicas, VariableAggregation aggregation,
                      detail::worker_group* group = nullptr)
       : copies_(static_cast<std::size_t>(replicas), init), aggregation_(aggregation), group_(group) {}

@@ -308,7 +308,10 @@ void detach(state& s, int self, located dev, void* host, std::size_t bytes) {
   replica_state& me = s.at(self);
   if (bytes == 0 || dev.ptr == host) return;
   const device_guard on(me.device);
-  check(cudaMemcpyAsync(host, dev.ptr, bytes, cudaMemcpyDeviceToHost, me.stream), "cudaMemcpyAsync to the host");
+  // (host null: a read-only staged input, released without a copy.)
+  if (host != nullptr) {
+    check(cudaMemcpyAsync(host, dev.ptr, bytes, cudaMemcpyDeviceToHost, me.stream), "cudaMemcpyAsync to the host");
+  }
   if (--me.attached == 0) {
     me.next_staging = 0;
     // The host reads its leaves as soon as the collective returns.

@@ -16,6 +16,7 @@
 // carrying the cudaError_t and its text.
 
 #include <atomic>
+#include <concepts>
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <span>
@@ -27,7 +28,7 @@
 #include <backends/cuda/element_type.hpp>
 #include <backends/cuda/kernels.hpp>  // max_fold_parts (no CUDA header)
 #include <backends/threads/threads_runtime.hpp>
-#include <mirror/detail/exchanged.hpp>
+#include <mirror/backend/exchanged.hpp>
 #include <mirror/reduce_op.hpp>
 
 namespace mirror::cuda {
@@ -136,7 +137,7 @@ class runtime {
   /// All-gather of `payload` among the replicas' host threads, and a barrier; NCCL's pending
   /// work of `self` is checked first (its completion ring), so a stuck GPU is named.
   template <class P>
-  mirror::detail::exchanged<P> exchange(int self, const P& payload) {
+  mirror::backend::exchanged<P> exchange(int self, const P& payload) {
     impl::before_arrival(*state_, self);
     auto all = host_.exchange(self, payload);
     impl::after_arrival(*state_, self);
@@ -161,11 +162,17 @@ class runtime {
     const auto l = impl::attach(*state_, self, const_cast<std::remove_const_t<E>*>(leaf.data()), leaf.size_bytes());
     return {static_cast<E*>(l.ptr), l.device};
   }
-  /// Copies a staged host leaf back from `self`'s device (nothing for a device leaf).
+  /// Copies a staged host leaf back from `self`'s device (nothing for a device leaf); a
+  /// read-only (`const E`) staged leaf is released without a copy.
   template <class E>
   void detach(int self, pointer<E> p, std::span<E> leaf) {
-    impl::detach(*state_, self, impl::located{const_cast<std::remove_const_t<E>*>(p.ptr), p.device},
-                 const_cast<std::remove_const_t<E>*>(leaf.data()), leaf.size_bytes());
+    using T = std::remove_const_t<E>;
+    if constexpr (std::is_const_v<E>) {
+      if (p.ptr == leaf.data()) return;  // a device leaf, used in place: nothing was staged
+      impl::detach(*state_, self, impl::located{const_cast<T*>(p.ptr), p.device}, nullptr, leaf.size_bytes());
+    } else {
+      impl::detach(*state_, self, impl::located{p.ptr, p.device}, leaf.data(), leaf.size_bytes());
+    }
   }
   /// `self`'s scratch space on its device for `n` elements, grown when needed.
   template <class E>
@@ -194,16 +201,19 @@ class runtime {
   /// The copy, combine and divide primitives of the `device` concept, enqueued on `self`'s
   /// stream: a peer copy (or one staged through host memory) when `src` is on another GPU, and
   /// the element kernels of backends/cuda/kernels.cu for combine and divide.
-  template <class E>
-  void copy(int self, pointer<E> dst, pointer<E> src, std::size_t n) {
-    if (n == 0 || dst == src) return;
-    impl::copy(*state_, self, impl::located{dst.ptr, dst.device},
-               impl::located{const_cast<std::remove_const_t<E>*>(src.ptr), src.device}, n * sizeof(E));
+  /// (`src` may be read-only: a `pointer<const E>` of an attached input.)
+  template <class E, class S>
+    requires std::same_as<const E, const S>
+  void copy(int self, pointer<E> dst, pointer<S> src, std::size_t n) {
+    if (n == 0 || (static_cast<const E*>(dst.ptr) == src.ptr && dst.device == src.device)) return;
+    impl::copy(*state_, self, impl::located{dst.ptr, dst.device}, impl::located{const_cast<E*>(src.ptr), src.device},
+               n * sizeof(E));
   }
-  template <class E>
-  void combine(int self, ReduceOp op, pointer<E> dst, pointer<E> src, std::size_t n) {
+  template <class E, class S>
+    requires std::same_as<const E, const S>
+  void combine(int self, ReduceOp op, pointer<E> dst, pointer<S> src, std::size_t n) {
     impl::combine(*state_, self, op, element_type_of<E>(), impl::located{dst.ptr, dst.device},
-                  impl::located{const_cast<std::remove_const_t<E>*>(src.ptr), src.device}, n, sizeof(E));
+                  impl::located{const_cast<E*>(src.ptr), src.device}, n, sizeof(E));
   }
   template <class E>
   void divide(int self, pointer<E> p, std::size_t n, std::size_t count) {

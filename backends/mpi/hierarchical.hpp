@@ -10,11 +10,11 @@
 #include <backends/mpi/mpi_all_reduce.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
 #include <mirror/default_ops.hpp>
-#include <mirror/detail/collective.hpp>
+#include <mirror/backend/collective.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/lean_std.hpp>  // std::copy
-#include <mirror/detail/replica_rows.hpp>
-#include <mirror/detail/segments.hpp>
+#include <mirror/backend/cut_of.hpp>
+#include <mirror/backend/segment_list.hpp>
 #include <mirror/reduce_op.hpp>
 
 namespace mirror::ops {
@@ -60,7 +60,7 @@ struct Hierarchical {
   /// The `cross_device_ops` interface (mirror/concepts/cross_device_ops.hpp), called by every
   /// local replica of every worker: the three steps above.
   template <class Rt, class E>
-  void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
+  void all_reduce(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& s) const {
     require_cluster_of_threads<Rt>();
     Rt& rt = c.runtime();
     detail::worker_group& g = *rt.workers();
@@ -105,7 +105,7 @@ struct Hierarchical {
 
   /// The `reduce_scatter` of the ops interface (mirror/concepts/cross_device_ops.hpp), called
   /// by every local replica of every worker: replica g = w*R + self receives cut g
-  /// (`detail::replica_rows(n, W*R, g)`) of each leaf's reduction.
+  /// (`backend::cut_of(n, W*R, g)`) of each leaf's reduction.
   ///
   /// A hierarchical composition rather than one MPI_Ireduce_scatter over W*R ranks: the local
   /// phase is the all-reduce's own (`LocalOps`, on a copy of the leaves, so that the rest of a
@@ -118,8 +118,8 @@ struct Hierarchical {
   /// MPI's order over three workers or more takes the all-reduce's MPI_Iallreduce and keeps the
   /// range. Then each local replica copies its cut from replica 0 (and `mean` divides by W*R).
   template <class Rt, class E>
-  void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
-                      const detail::segment_list<Rt, E>& out) const {
+  void reduce_scatter(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& in,
+                      const backend::segment_list<Rt, E>& out) const {
     require_cluster_of_threads<Rt>();
     Rt& rt = c.runtime();
     detail::worker_group& g = *rt.workers();
@@ -143,11 +143,11 @@ struct Hierarchical {
         std::copy(in.leaves[k], in.leaves[k] + in.sizes[k], copies[k]);
         at += in.sizes[k];
       }
-      local.all_reduce(c, W == 1 ? op : detail::cross_op(op), detail::segment_list<Rt, E>{copies, in.sizes, in.total});
+      local.all_reduce(c, W == 1 ? op : detail::cross_op(op), backend::segment_list<Rt, E>{copies, in.sizes, in.total});
       if (W == 1) {
         at = 0;
         for (std::size_t k = 0; k < K; ++k) {
-          const std::size_t first = detail::replica_rows(in.sizes[k], R, self).first;
+          const std::size_t first = backend::cut_of(in.sizes[k], R, self).first;
           std::copy(base + at + first, base + at + first + out.sizes[k], out.leaves[k]);
           at += in.sizes[k];
         }
@@ -199,13 +199,13 @@ struct Hierarchical {
     const int first_replica = global - self;
     std::size_t at = 0;
     for (std::size_t k = 0; k < K; ++k) {
-      const std::size_t range_first = detail::replica_rows(in.sizes[k], static_cast<int>(n), first_replica).first;
-      const std::size_t mine = detail::replica_rows(in.sizes[k], static_cast<int>(n), global).first;
+      const std::size_t range_first = backend::cut_of(in.sizes[k], static_cast<int>(n), first_replica).first;
+      const std::size_t mine = backend::cut_of(in.sizes[k], static_cast<int>(n), global).first;
       rt.copy(self, out.leaves[k], all[0].range + at + (mine - range_first), out.sizes[k]);
       if (op == ReduceOp::mean) rt.divide(self, out.leaves[k], out.sizes[k], n);
       const std::size_t range_end = first_replica + R == static_cast<int>(n)
                                         ? in.sizes[k]
-                                        : detail::replica_rows(in.sizes[k], static_cast<int>(n), first_replica + R).first;
+                                        : backend::cut_of(in.sizes[k], static_cast<int>(n), first_replica + R).first;
       at += range_end - range_first;
     }
     c.barrier();  // replica 0's scratch stays valid until every copy is done
@@ -221,8 +221,8 @@ struct Hierarchical {
   /// blocks), and the other local replicas copy the whole result from replica 0. One MPI
   /// collective per worker instead of one per replica, and no order to keep: only copies.
   template <class Rt, class E>
-  void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
-                  std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const {
+  void all_gather(backend::collective<Rt>& c, const backend::const_segment_list<Rt, E>& in,
+                  std::span<const std::size_t> counts, const backend::segment_list<Rt, E>& out) const {
     require_cluster_of_threads<Rt>();
     Rt& rt = c.runtime();
     detail::worker_group& g = *rt.workers();
@@ -230,7 +230,7 @@ struct Hierarchical {
     const std::size_t K = in.leaves.size(), N = static_cast<std::size_t>(W) * static_cast<std::size_t>(R);
     const std::size_t global = static_cast<std::size_t>(g.worker_index() * R + self);
     struct post {
-      const typename detail::segment_list<Rt, E>::pointer* leaves;  // replica 0's output leaves
+      const typename backend::segment_list<Rt, E>::pointer* leaves;  // replica 0's output leaves
     };
     // The lengths were gathered and checked; the element type was not, across workers (a float
     // leaf on one and a double on another would exchange blocks of different bytes). Checked
@@ -274,7 +274,7 @@ struct Hierarchical {
   }
 
   template <class Rt, class E>
-  void cross_step(Rt& rt, detail::worker_group& g, ReduceOp op, const detail::segment_list<Rt, E>& s,
+  void cross_step(Rt& rt, detail::worker_group& g, ReduceOp op, const backend::segment_list<Rt, E>& s,
                   bool checked) const {
     if (s.leaves.size() == 1) {
       cross.all_reduce(g, s.leaves[0], s.total, op, checked);

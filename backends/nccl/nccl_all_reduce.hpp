@@ -17,10 +17,10 @@
 #include <backends/nccl/nccl_comms.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
 #include <mirror/default_ops.hpp>
-#include <mirror/detail/collective.hpp>
+#include <mirror/backend/collective.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/worker_group.hpp>
-#include <mirror/detail/segments.hpp>
+#include <mirror/backend/segment_list.hpp>
 #include <mirror/reduce_op.hpp>
 
 namespace mirror::ops {
@@ -115,7 +115,7 @@ struct NcclAllReduce {
   /// replica: one `ncclAllReduce` per pack, in one NCCL group, enqueued on the replica's stream.
   template <class Rt, class E>
     requires std::derived_from<Rt, cuda::runtime>
-  void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
+  void all_reduce(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& s) const {
     using pointer = typename Rt::template pointer<E>;
     Rt& rt = c.runtime();
     const int self = c.self();
@@ -172,7 +172,7 @@ struct NcclAllReduce {
   /// The `reduce_scatter` of the ops-policy interface (mirror/concepts/cross_device_ops.hpp),
   /// called by every replica for the leaves of one element type: one `ncclReduceScatter` per
   /// non-empty leaf, in one NCCL group on the replica's stream, returning once enqueued and watched
-  /// as `all_reduce` is. Cut g of a leaf of n elements is `detail::replica_rows(n, N, g)` (the
+  /// as `all_reduce` is. Cut g of a leaf of n elements is `backend::cut_of(n, N, g)` (the
   /// first n mod N replicas one element more), which NCCL's equal blocks match only when N divides
   /// n: such a leaf is reduce-scattered from itself (in place when `out` is its own cut), any other
   /// is copied into N blocks of ceil(n/N) of the replica's scratch (block r = cut r and a zero),
@@ -191,8 +191,8 @@ struct NcclAllReduce {
   /// topology. `mean` is `ncclAvg` for floating point, a sum divided as C++ divides for integers.
   template <class Rt, class E>
     requires std::derived_from<Rt, cuda::runtime>
-  void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
-                      const detail::segment_list<Rt, E>& out) const {
+  void reduce_scatter(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& in,
+                      const backend::segment_list<Rt, E>& out) const {
     Rt& rt = c.runtime();
     const int self = c.self();
     detail::worker_group* const workers = workers_of(rt);
@@ -222,8 +222,8 @@ struct NcclAllReduce {
   /// `all_reduce` is. Copies are exact: every replica receives the same bits.
   template <class Rt, class E>
     requires std::derived_from<Rt, cuda::runtime>
-  void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
-                  std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const {
+  void all_gather(backend::collective<Rt>& c, const backend::const_segment_list<Rt, E>& in,
+                  std::span<const std::size_t> counts, const backend::segment_list<Rt, E>& out) const {
     Rt& rt = c.runtime();
     const int self = c.self();
     detail::worker_group* const workers = workers_of(rt);

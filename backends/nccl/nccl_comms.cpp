@@ -22,7 +22,7 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include <mirror/detail/replica_rows.hpp>
+#include <mirror/backend/cut_of.hpp>
 #include <mirror/detail/worker_group.hpp>
 #include <mirror/error.hpp>
 
@@ -552,7 +552,7 @@ void reduce_scatter(comms& c, int rank, void* stream, ReduceOp op, cuda::element
       [&] {
         for (std::size_t k = 0; k < sizes.size(); ++k) {
           const std::size_t n = sizes[k];
-          const std::size_t mine = mirror::detail::replica_rows(n, N, g).second;
+          const std::size_t mine = mirror::backend::cut_of(n, N, g).second;
           if (n % n_ranks != 0 && mine > 0) {
             const std::size_t block = n / n_ranks + 1;
             check_cuda(cudaMemcpyAsync(out[k], at(scratch, padded_at[k] + static_cast<std::size_t>(g) * block, es),

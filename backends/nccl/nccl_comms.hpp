@@ -53,7 +53,7 @@ void all_reduce(comms&, int rank, void* stream, ReduceOp op, cuda::element_type 
 std::size_t reduce_scatter_scratch(const comms&, std::span<const std::size_t> sizes) noexcept;
 
 /// On local rank `rank`'s thread: for every leaf k, `out[k]` receives the `op`-reduction over all
-/// ranks of this rank's cut of `in[k]` (`sizes[k]` elements, cut g = detail::replica_rows(sizes[k],
+/// ranks of this rank's cut of `in[k]` (`sizes[k]` elements, cut g = backend::cut_of(sizes[k],
 /// N, g) for NCCL rank g), in one NCCL group on `stream`, watched as `all_reduce` is. `out[k]`
 /// may be the cut's own place in `in[k]`. A leaf whose length is a multiple of N is one
 /// ncclReduceScatter from the leaf itself; any other goes through `scratch`

@@ -11,10 +11,10 @@
 #include <backends/threads/threads_device.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
 #include <mirror/default_ops.hpp>
-#include <mirror/detail/collective.hpp>
+#include <mirror/backend/collective.hpp>
 #include <mirror/detail/element_kernels.hpp>
-#include <mirror/detail/gather_scatter.hpp>
-#include <mirror/detail/segments.hpp>
+#include <mirror/backend/generic_collectives.hpp>
+#include <mirror/backend/segment_list.hpp>
 #include <mirror/detail/separate_compilation.hpp>
 #include <mirror/reduce_op.hpp>
 
@@ -55,7 +55,7 @@ struct ChunkOwnerAllReduce {
   /// The `cross_device_ops` interface (mirror/concepts/cross_device_ops.hpp), called by every
   /// replica: reduces the leaves `s` of every replica in place.
   template <class Rt, class E>
-  void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
+  void all_reduce(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& s) const {
     static_assert(Rt::host_addressable,
                   "mirror::ops::ChunkOwnerAllReduce needs a device whose replicas share host memory "
                   "(devices::Threads); on other devices use ops::ReductionToOneDevice or ops::HierarchicalCopy");
@@ -79,10 +79,10 @@ struct ChunkOwnerAllReduce {
   /// replica. A sum (or mean) of two replicas is added in registers straight into the output
   /// (detail::sum_pair_into); of more, block by block in L1 through detail::sum_many, as
   /// `all_reduce` folds them; the other ops through the device primitives
-  /// (detail::generic_reduce_scatter).
+  /// (backend::generic_reduce_scatter).
   template <class Rt, class E>
-  void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
-                      const detail::segment_list<Rt, E>& out) const {
+  void reduce_scatter(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& in,
+                      const backend::segment_list<Rt, E>& out) const {
     static_assert(Rt::host_addressable,
                   "mirror::ops::ChunkOwnerAllReduce needs a device whose replicas share host memory "
                   "(devices::Threads); on other devices use ops::ReductionToOneDevice or ops::HierarchicalCopy");
@@ -92,18 +92,18 @@ struct ChunkOwnerAllReduce {
         return;
       }
     }
-    detail::generic_reduce_scatter(c, op, in, out, detail::serial_fold{});
+    backend::generic_reduce_scatter(c, op, in, out, backend::serial_fold{});
   }
 
   /// The `all_gather` of the `cross_device_ops` interface: each replica copies every replica's
   /// leaves into its output with memcpy, in replica order (2·N·S bytes per replica: the copy bound).
   template <class Rt, class E>
-  void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
-                  std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const {
+  void all_gather(backend::collective<Rt>& c, const backend::const_segment_list<Rt, E>& in,
+                  std::span<const std::size_t> counts, const backend::segment_list<Rt, E>& out) const {
     static_assert(Rt::host_addressable,
                   "mirror::ops::ChunkOwnerAllReduce needs a device whose replicas share host memory "
                   "(devices::Threads); on other devices use ops::ReductionToOneDevice or ops::HierarchicalCopy");
-    detail::generic_all_gather(c, in, counts, out);
+    backend::generic_all_gather(c, in, counts, out);
   }
 
  private:
@@ -113,8 +113,8 @@ struct ChunkOwnerAllReduce {
   // side. generic_reduce_scatter reads one replica's block at a time, which is slower at 2 and
   // at 8 replicas (bench/gather_scatter_bench.cpp measures both).
   template <class Rt, class E>
-  static void scatter_sum(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
-                          const detail::segment_list<Rt, E>& out) {
+  static void scatter_sum(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& in,
+                          const backend::segment_list<Rt, E>& out) {
     struct post {
       E* const* leaves;
     };
@@ -125,7 +125,7 @@ struct ChunkOwnerAllReduce {
     alignas(64) E acc[wide_block_bytes / sizeof(E)];
     for (std::size_t k = 0; k < in.sizes.size(); ++k) {
       // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
-      const auto cut = detail::cut_of(in.sizes[k], n, c.self());
+      const auto cut = backend::cut_of(in.sizes[k], n, c.self());
       const std::size_t first = cut.first, count = cut.second;
       const auto at = [&](int r, std::size_t i) -> const E* {
         return all[static_cast<std::size_t>(r)].leaves[k] + first + i;
@@ -155,7 +155,7 @@ struct ChunkOwnerAllReduce {
     }
     // Nobody returns (and reuses its buffers) before every cut is read; the exchange made the
     // agreement check.
-    c.runtime().barrier(c.self());
+    c.barrier();
   }
 
   // One replica's leaves without their element type.
@@ -166,20 +166,20 @@ struct ChunkOwnerAllReduce {
     const detail::element_kernels* kernels;
   };
   template <std::size_t Bytes, class Rt>
-  static void small(detail::collective<Rt>& c, ReduceOp op, const untyped_leaves& s);
+  static void small(backend::collective<Rt>& c, ReduceOp op, const untyped_leaves& s);
   // small()'s parts that do not depend on the payload's size: one copy for both sizes (not
   // inlined, or GCC copies them into each; docs/design.md#compile-time).
   static void pack(const untyped_leaves& s, unsigned char* to) noexcept;
   static void combine_and_unpack(ReduceOp op, const untyped_leaves& s, unsigned char* acc,
                                  const unsigned char* first, std::size_t stride, std::size_t n) noexcept;
   template <class Rt>
-  static void large(detail::collective<Rt>& c, ReduceOp op, const untyped_leaves& s);
+  static void large(backend::collective<Rt>& c, ReduceOp op, const untyped_leaves& s);
 };
 
 // Out of the class, so that they are not inline: a separately compiled program then takes
 // them from libmirror_threads (mirror/detail/separate_compilation.hpp).
 template <std::size_t Bytes, class Rt>
-void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const untyped_leaves& s) {
+void ChunkOwnerAllReduce::small(backend::collective<Rt>& c, ReduceOp op, const untyped_leaves& s) {
   // Aligned for any element type; at 8 bytes (float or double scalars, two floats) no more than
   // 8, so that the payload stays on the line of the slot's arrival number and the check.
   struct alignas(Bytes <= 8 ? 8 : 16) line {
@@ -222,7 +222,7 @@ void ChunkOwnerAllReduce::small(detail::collective<Rt>& c, ReduceOp op, const un
 #endif
 
 template <class Rt>
-void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const untyped_leaves& s) {
+void ChunkOwnerAllReduce::large(backend::collective<Rt>& c, ReduceOp op, const untyped_leaves& s) {
   struct post {
     const void* leaves;
   };
@@ -236,8 +236,8 @@ void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const un
   static_assert(block_bytes >= 16 && block_bytes <= wide_block_bytes,
                 "a block holds at least one element of every type, and either block fits acc");
   const bool pair = n == 2 && op == ReduceOp::sum && e.sum_pair != nullptr;
-  const auto [a, b] = detail::chunk_of(0, s.total, c.self(), n, e.size);
-  detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t) {
+  const auto [a, b] = backend::chunk_of(0, s.total, c.self(), n, e.size);
+  backend::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t) {
     for (std::size_t i = off; i < off + len; i += block) {
       const std::size_t m = std::min(block, off + len - i);
       const auto at = [&](int r) { return e.leaf(all[static_cast<std::size_t>(r)].leaves, k) + i * e.size; };
@@ -265,10 +265,8 @@ void ChunkOwnerAllReduce::large(detail::collective<Rt>& c, ReduceOp op, const un
       for (int r = 0; r < n; ++r) std::memcpy(at(r), acc, m * e.size);
     }
   });
-  // Nobody returns (and reuses its buffer) before every slice is written back. The runtime's
-  // barrier: the exchange above made the agreement check, so collective::barrier's checking
-  // exchange would only be code compiled in every translation unit, never run here.
-  c.runtime().barrier(c.self());
+  // Nobody returns (and reuses its buffer) before every slice is written back.
+  c.barrier();
 }
 
 static_assert(cross_device_ops<ChunkOwnerAllReduce, devices::Threads>);
@@ -276,11 +274,11 @@ static_assert(cross_device_ops<ChunkOwnerAllReduce, devices::Threads>);
 // Instantiated once, in libmirror_threads, for a separately compiled program (separate_compilation.hpp).
 #define MIRROR_DETAIL_CHUNK_OWNER_INSTANCES(KIND)                                                \
   KIND void ChunkOwnerAllReduce::small<ChunkOwnerAllReduce::scalar_bytes, devices::Threads::runtime>( \
-      detail::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);          \
+      backend::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);          \
   KIND void ChunkOwnerAllReduce::small<ChunkOwnerAllReduce::latency_bytes, devices::Threads::runtime>( \
-      detail::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);          \
+      backend::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);          \
   KIND void ChunkOwnerAllReduce::large<devices::Threads::runtime>(                               \
-      detail::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);
+      backend::collective<devices::Threads::runtime>&, ReduceOp, const untyped_leaves&);
 #if MIRROR_DETAIL_EXTERN_TEMPLATES
 MIRROR_DETAIL_CHUNK_OWNER_INSTANCES(extern template)
 #endif

@@ -22,9 +22,9 @@
 #include <backends/threads/parking_lot.hpp>
 #include <backends/threads/usable_cores.hpp>
 #include <mirror/concepts/device.hpp>
-#include <mirror/detail/collective.hpp>
+#include <mirror/backend/collective.hpp>
 #include <mirror/detail/element_ops.hpp>
-#include <mirror/detail/exchanged.hpp>
+#include <mirror/backend/exchanged.hpp>
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/separate_compilation.hpp>
 #include <mirror/error.hpp>
@@ -101,12 +101,12 @@ class runtime {
   }
 
   /// Makes every waiting and later exchange/barrier of the current parallel call throw
-  /// detail::collective_cancelled_rethrow_me (or the call's timeout_error, when a collective timed out).
+  /// backend::collective_cancelled_rethrow_me (or the call's timeout_error, when a collective timed out).
   void cancel();
 
   /// All-gather of `payload` and a barrier.
   template <class P>
-  detail::exchanged<P> exchange(int self, const P& payload) {
+  backend::exchanged<P> exchange(int self, const P& payload) {
     static_assert(std::is_trivially_copyable_v<P>, "exchange payloads are copied as bytes");
     static_assert(sizeof(P) <= max_exchange_bytes && alignof(P) <= alignof(slot_payload),
                   "exchange payload too large for the runtime's slots");
@@ -120,7 +120,7 @@ class runtime {
     // them as such.
     alignas(16) unsigned char bounce[(sizeof(P) + 15) / 16 * 16];
     std::memcpy(bounce, &payload, sizeof(P));
-    return detail::exchanged<P>(exchange_groups(self, bounce, sizeof bounce / 16), sizeof(slot),
+    return backend::exchanged<P>(exchange_groups(self, bounce, sizeof bounce / 16), sizeof(slot),
                                 static_cast<std::size_t>(n_));
   }
 
@@ -665,7 +665,7 @@ MIRROR_DETAIL_INLINE void runtime::throw_cancelled() const {
   // A cancel() under a claimed timeout (the claimant's, or that of a replica which rethrew the
   // claimant's error out of fn) ends in that error; only a replica's own failure cancels with none.
   if (failure_state_.load(std::memory_order_acquire) != 0) rethrow_failure();
-  throw detail::collective_cancelled_rethrow_me{};
+  throw backend::collective_cancelled_rethrow_me{};
 }
 
 MIRROR_DETAIL_INLINE void runtime::rethrow_failure() const {

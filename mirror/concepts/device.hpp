@@ -16,20 +16,23 @@
 /// - `rt.num_replicas()` → `int`.
 /// - Execution: `rt.parallel(f)` calls `f(int replica)` once per replica, concurrently, and returns
 ///   when all have returned (`f` does not throw); `rt.cancel()` makes every pending and later
-///   `exchange`/`barrier` of this `parallel` call throw `mirror::detail::collective_cancelled_rethrow_me`;
+///   `exchange`/`barrier` of this `parallel` call throw `mirror::backend::collective_cancelled_rethrow_me`;
 ///   `rt.in_parallel()` is true on a thread currently running an `f`.
 /// - Control plane (called by every replica in the same order): `rt.exchange(self, payload)` is an
 ///   all-gather of a small trivially copyable value (at most `max_exchange_bytes`) and a barrier;
-///   it returns `detail::exchanged<P>`, every replica's payload in replica order, valid until
+///   it returns `backend::exchanged<P>`, every replica's payload in replica order, valid until
 ///   `self`'s next exchange or barrier. `rt.barrier(self)`.
 /// - Memory plane: `pointer<E>` is a handle into one replica's memory supporting `p + n` (a raw
 ///   `E*` on host devices, an opaque handle elsewhere). `rt.attach(self, std::span<E>)` makes a
-///   host leaf visible on `self` and `rt.detach(self, p, std::span<E>)` writes it back;
+///   host leaf visible on `self` and `rt.detach(self, p, std::span<E>)` writes it back; for a
+///   read-only input they take `std::span<const E>` and `pointer<const E>`, and `detach` only
+///   releases what `attach` staged;
 ///   `rt.scratch<E>(self, n)` is `self`'s scratch space, valid until `self`'s next `scratch` and
 ///   at most until the parallel call ends (a runtime may free what a later call does not need);
 ///   `rt.copy(self, p, q, n)` copies `n` elements from `q` to `p`, `rt.combine(self, op, p, q, n)`
-///   sets `p[i] = p[i] op q[i]`, `rt.divide(self, p, n, count)` divides by `count` (for mean),
-///   whichever replicas `p` and `q` live on.
+///   sets `p[i] = p[i] op q[i]` (`q` may be a `pointer<const E>` in both),
+///   `rt.divide(self, p, n, count)` divides by `count` (for mean), whichever replicas `p` and `q`
+///   live on.
 /// - `static constexpr bool host_addressable`: true when `pointer<E>` is `E*` into memory every
 ///   replica's thread can read and write (policies such as the CPU chunk-owner all-reduce need it).
 ///
@@ -60,19 +63,13 @@
 
 #include <concepts>
 #include <cstddef>
-#include <mirror/detail/exchanged.hpp>
+#include <mirror/backend/collective_cancelled.hpp>
+#include <mirror/backend/exchanged.hpp>
 #include <mirror/reduce_op.hpp>
 #include <span>
 
 namespace mirror {
 namespace detail {
-
-/// Thrown by `exchange`/`barrier` of a cancelled collective: another replica failed first, and
-/// its error is the one `Strategy::run` reports. Not a `std::exception`, so that only a
-/// `catch (...)` in `fn` can catch it, and the name says what such a handler must do with it:
-/// rethrow it (`throw;`). Swallowed, it does not resume the run's collectives (every later one
-/// throws it again), and `run` still reports the other replica's error (docs/errors.md).
-struct collective_cancelled_rethrow_me {};
 
 struct probe_payload {
   int value;
@@ -88,19 +85,24 @@ struct probe_replica_fn {
 
 /// Satisfied by the runtime type of a device policy (see the file comment).
 template <class Rt>
-concept device_runtime = requires(Rt& rt, int self, std::span<float> host,
-                                  typename Rt::template pointer<float> p, ReduceOp op) {
+concept device_runtime = requires(Rt& rt, int self, std::span<float> host, std::span<const float> input,
+                                  typename Rt::template pointer<float> p, typename Rt::template pointer<const float> q,
+                                  ReduceOp op) {
   { rt.num_replicas() } -> std::convertible_to<int>;
   rt.parallel(detail::probe_replica_fn{});
   rt.cancel();
   { rt.in_parallel() } -> std::convertible_to<bool>;
-  { rt.exchange(self, detail::probe_payload{0}) } -> std::same_as<detail::exchanged<detail::probe_payload>>;
+  { rt.exchange(self, detail::probe_payload{0}) } -> std::same_as<backend::exchanged<detail::probe_payload>>;
   rt.barrier(self);
   { rt.attach(self, host) } -> std::same_as<typename Rt::template pointer<float>>;
   rt.detach(self, p, host);
   { rt.template scratch<float>(self, std::size_t{1}) } -> std::same_as<typename Rt::template pointer<float>>;
+  { rt.attach(self, input) } -> std::same_as<typename Rt::template pointer<const float>>;
+  rt.detach(self, q, input);
   rt.copy(self, p, p, std::size_t{1});
+  rt.copy(self, p, q, std::size_t{1});
   rt.combine(self, op, p, p, std::size_t{1});
+  rt.combine(self, op, p, q, std::size_t{1});
   rt.divide(self, p, std::size_t{1}, std::size_t{1});
   { p + std::size_t{1} } -> std::same_as<typename Rt::template pointer<float>>;
   { Rt::host_addressable } -> std::convertible_to<bool>;

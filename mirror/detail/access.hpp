@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// detail::access builds the values whose constructors are private to users (Mirrored, Synced).
+// detail::access builds the values whose constructors are private to users (Mirrored, Synced,
+// variables) and reaches the members only mirror calls (a variable's per-replica handle).
 
 #include <mirror/mirrored.hpp>
 #include <mirror/per_replica.hpp>
@@ -23,6 +24,11 @@ struct access {
   }
   template <class T>
   static T&& unwrap(Synced<T>&& s) { return std::move(s.value_); }
+  /// The replica-local handle of a variable that `run` passes to replica r's fn.
+  template <class V, class Context>
+  static auto handle_for(V& variable, int r, Context& ctx) noexcept {
+    return variable.handle_for(r, ctx);
+  }
   /// Calls a constructor that only mirror may call (variables).
   template <class V, class... A>
   static V make(A&&... args) { return V(std::forward<A>(args)...); }

@@ -15,7 +15,7 @@
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/nest_walk.hpp>
-#include <mirror/detail/segments.hpp>
+#include <mirror/backend/segment_list.hpp>
 #include <mirror/detail/separate_compilation.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <mirror/error.hpp>
@@ -106,7 +106,7 @@ MIRROR_DETAIL_INLINE void reduce_leaf(ReduceOp op, void* dst, std::size_t size, 
         const job& w = *static_cast<const job*>(p);
         const std::size_t bytes = w.e->size;
         // (Not a structured binding: clang before 16 cannot capture one in the lambda below.)
-        const auto range = chunk_of(0, w.size, part, parts, bytes);
+        const auto range = backend::chunk_of(0, w.size, part, parts, bytes);
         const std::size_t a = range.first, b = range.second;
         if (a >= b) return;
         const auto component = [&](std::size_t r) { return static_cast<const unsigned char*>(w.in[r]) + a * bytes; };

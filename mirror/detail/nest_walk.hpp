@@ -299,4 +299,18 @@ std::array<std::span<E>, leaf_count<N, E>()> leaves_of(N& nest) {
   return out;
 }
 
+/// The same, read-only: the inputs of a collective that only reads them.
+template <class E, class N>
+std::array<std::span<const E>, leaf_count<N, E>()> const_leaves_of(const N& nest) {
+  std::array<std::span<const E>, leaf_count<N, E>()> out{};
+  std::size_t i = 0;
+  for_each_leaf(
+      [&](const auto& l) {
+        using L = std::remove_cvref_t<decltype(l)>;
+        if constexpr (std::is_same_v<leaf_element_t<L>, E>) out[i++] = leaf_traits<L>::elements(l);
+      },
+      nest);
+  return out;
+}
+
 }  // namespace mirror::detail

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 #include <mirror/concepts/device.hpp>
-#include <mirror/detail/collective.hpp>
+#include <mirror/backend/collective.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/format.hpp>
-#include <mirror/detail/segments.hpp>
+#include <mirror/backend/segment_list.hpp>
 #include <mirror/detail/type_name.hpp>
 #include <mirror/error.hpp>
 #include <mirror/reduce_op.hpp>
@@ -48,7 +48,7 @@ class replica_collectives {
     // mirror::cuda::half and bfloat16, which are no C++ arithmetic types).
     if constexpr (Rt::host_addressable) require_host_element<E>();
     const auto leaves = attach_leaves(self, host);
-    collective<Rt> c(rt_, self, header);
+    backend::collective<Rt> c(rt_, self, header);
     ops_.all_reduce(c, op, leaves.list());
     detach_leaves(self, leaves, host);
   }
@@ -56,26 +56,29 @@ class replica_collectives {
   template <class E, std::size_t K>
   void reduce_scatter_leaves(int self, ReduceOp op, const std::array<std::span<E>, K>& in,
                              const std::array<std::span<E>, K>& out, const collective_header* header) {
-    static_assert(requires(const Ops& o, collective<Rt>& c,
-                           const segment_list<Rt, E>& s) { o.reduce_scatter(c, op, s, s); },
+    static_assert(requires(const Ops& o, backend::collective<Rt>& c,
+                           const backend::segment_list<Rt, E>& s) { o.reduce_scatter(c, op, s, s); },
                   "mirror::ReplicaContext::reduce_scatter: this strategy's ops policy has no reduce_scatter "
                   "(mirror/concepts/cross_device_ops.hpp); every policy mirror ships has one, and a policy of "
                   "your own can call generic_reduce_scatter");
     if constexpr (Rt::host_addressable) require_host_element<E>();
     const auto ins = attach_leaves(self, in);
     const auto outs = attach_leaves(self, out);
-    collective<Rt> c(rt_, self, header);
+    backend::collective<Rt> c(rt_, self, header);
     ops_.reduce_scatter(c, op, ins.list(), outs.list());
     // The inputs first: where a device staged a span and its cut apart, the cut's result lands last.
     detach_leaves(self, ins, in);
     detach_leaves(self, outs, out);
   }
 
+  /// ReplicaContext::all_gather's leaves of element type E: `in` is attached read-only (the
+  /// policy sees `backend::const_segment_list`, and nothing is written back to it), `out` is
+  /// attached, filled by the policy and detached.
   template <class E, std::size_t K>
-  void all_gather_leaves(int self, const std::array<std::span<E>, K>& in, std::span<const std::size_t> counts,
+  void all_gather_leaves(int self, const std::array<std::span<const E>, K>& in, std::span<const std::size_t> counts,
                          const std::array<std::span<E>, K>& out, const collective_header* header) {
-    static_assert(requires(const Ops& o, collective<Rt>& c,
-                           const segment_list<Rt, E>& s) { o.all_gather(c, s, counts, s); },
+    static_assert(requires(const Ops& o, backend::collective<Rt>& c, const backend::const_segment_list<Rt, E>& i,
+                           const backend::segment_list<Rt, E>& s) { o.all_gather(c, i, counts, s); },
                   "mirror::ReplicaContext::all_gather: this strategy's ops policy has no all_gather "
                   "(mirror/concepts/cross_device_ops.hpp); every policy mirror ships has one, and a policy of "
                   "your own can call generic_all_gather");
@@ -83,9 +86,9 @@ class replica_collectives {
     const auto ins = attach_leaves(self, in);
     const auto outs = attach_leaves(self, out);
     // (No header where gather_counts made the agreement check.)
-    collective<Rt> c(rt_, self, header);
+    backend::collective<Rt> c(rt_, self, header);
     ops_.all_gather(c, ins.list(), counts, outs.list());
-    detach_leaves(self, ins, in);
+    detach_leaves(self, ins, in);  // a read-only leaf: released, not copied back
     detach_leaves(self, outs, out);
   }
 
@@ -99,7 +102,7 @@ class replica_collectives {
       const std::size_t* widths;
       std::size_t out_size;
     };
-    collective<Rt> c(rt_, self, &header);
+    backend::collective<Rt> c(rt_, self, &header);
     const auto posts = c.exchange(post{counts, widths, out_size});
     // Per replica: its lengths, its widths, its out size; every replica (of every worker)
     // checks the same table, so all throw the same shape_error or none does.
@@ -181,13 +184,13 @@ class replica_collectives {
   // after the exchange, like the all-reduce's latency path: a replica's slot keeps its payload
   // until the next exchange, which cannot complete before every replica has returned from this one.
   void broadcast_bytes(int self, int from, const collective_header& header, small_broadcast_line& line) {
-    collective<Rt> c(rt_, self, &header);
+    backend::collective<Rt> c(rt_, self, &header);
     const auto all = c.exchange(line);
     if (self != from) line = all[static_cast<std::size_t>(from)];
   }
 
   const std::size_t* exchange_sizes(int self, const collective_header& header, const std::size_t* sizes) {
-    collective<Rt> c(rt_, self, &header);
+    backend::collective<Rt> c(rt_, self, &header);
     const auto all = c.exchange(sizes);
     return all[static_cast<std::size_t>(header.param)];
   }
@@ -212,7 +215,7 @@ class replica_collectives {
   /// replica 0 and cancels the others.
   template <class Body>
   const void* merge(int self, const collective_header& header, const void* mine, Body&& body) {
-    collective<Rt> c(rt_, self, &header);
+    backend::collective<Rt> c(rt_, self, &header);
     const auto all = c.exchange(mine);
     struct outcome {
       const void* value;                 // the result, on replica 0's frame
@@ -233,7 +236,7 @@ class replica_collectives {
     const auto outcomes = rt_.exchange(self, o);
     if (outcomes[0].failed != nullptr) {
       if (self == 0) std::rethrow_exception(failure);
-      throw collective_cancelled_rethrow_me{};
+      throw backend::collective_cancelled_rethrow_me{};
     }
     return outcomes[0].value;
   }
@@ -247,7 +250,7 @@ class replica_collectives {
   /// A disagreement is a shape_error on every replica of every worker (a local one reaches the
   /// other workers through report_failure) before any buffer changes.
   void check_broadcast(int self, const collective_header& header, int root) {
-    collective<Rt> c(rt_, self, &header);
+    backend::collective<Rt> c(rt_, self, &header);
     c.barrier();
     if (self == 0) {
       rt_.workers()->check_broadcast(header.sizes, header.num_leaves, root, "mirror::ReplicaContext::broadcast");
@@ -269,7 +272,7 @@ class replica_collectives {
     std::array<typename Rt::template pointer<E>, K> leaves{};
     std::array<std::size_t, K> sizes{};
     std::size_t total = 0;
-    segment_list<Rt, E> list() const { return {leaves, sizes, total}; }
+    backend::segment_list<Rt, E> list() const { return {leaves, sizes, total}; }
   };
   template <class E, std::size_t K>
   attached_leaves<E, K> attach_leaves(int self, const std::array<std::span<E>, K>& host) {

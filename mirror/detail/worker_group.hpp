@@ -90,7 +90,7 @@ class worker_group {
   /// `num_leaves` leaves of `leaf_sizes[k]` elements, concatenated (read only). On return `out`
   /// holds, for each leaf k in turn, the reduction over workers with `op` (as for all_reduce:
   /// `mean` is summed, and the caller divides) of this worker's range of leaf k: the cuts of global replicas w*R .. w*R+R-1
-  /// under detail::replica_rows(leaf_sizes[k], W*R, g). `out` may overlap `in`. Every element
+  /// under backend::cut_of(leaf_sizes[k], W*R, g). `out` may overlap `in`. Every element
   /// has the bits the group's all_reduce of the whole of `in` would give it.
   virtual void reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,
                               element_kind kind, ReduceOp op, const char* what) = 0;

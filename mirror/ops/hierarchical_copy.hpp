@@ -5,9 +5,9 @@
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
-#include <mirror/detail/collective.hpp>
-#include <mirror/detail/gather_scatter.hpp>
-#include <mirror/detail/segments.hpp>
+#include <mirror/backend/collective.hpp>
+#include <mirror/backend/generic_collectives.hpp>
+#include <mirror/backend/segment_list.hpp>
 #include <mirror/reduce_op.hpp>
 #include <span>
 #include <stdexcept>
@@ -80,7 +80,7 @@ struct HierarchicalCopy {
   /// The `cross_device_ops` interface (mirror/concepts/cross_device_ops.hpp), called by every
   /// replica: reduces the leaves `s` of every replica in place.
   template <class Rt, class E>
-  void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
+  void all_reduce(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& s) const {
     using pointer = typename Rt::template pointer<E>;
     Rt& rt = c.runtime();
     const int self = c.self(), n = c.num_replicas();
@@ -101,9 +101,9 @@ struct HierarchicalCopy {
     auto reduce_pack = [&](std::size_t index, std::size_t begin, std::size_t end) {
       const plan p = plan_for(index, n);
       // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
-      const auto range = detail::chunk_of<E>(begin, end, self, n);
+      const auto range = backend::chunk_of<E>(begin, end, self, n);
       const std::size_t a = range.first, b = range.second;
-      detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t v) {
+      backend::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t v) {
         for (std::size_t i = 0; i < len;) {
           const std::size_t m = std::min(block, len - i);
           const std::size_t at = Rt::host_addressable ? a : v + i;
@@ -146,16 +146,16 @@ struct HierarchicalCopy {
   /// (group 0 in order, group 1 in order, then group 0 op group 1), so each element has the bits
   /// `all_reduce` gives it.
   template <class Rt, class E>
-  void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
-                      const detail::segment_list<Rt, E>& out) const {
+  void reduce_scatter(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& in,
+                      const backend::segment_list<Rt, E>& out) const {
     const std::size_t total = in.total;
     const int packs = num_packs;
-    detail::generic_reduce_scatter(
+    backend::generic_reduce_scatter(
         c, op, in, out,
         [total, packs](int n, std::size_t k, std::size_t off, std::size_t len, std::size_t v, auto&& emit) {
           const auto order_of = [n](std::size_t pack) {
             const plan p = plan_for(pack, n);
-            return detail::fold_order{p.group0_begin, p.group0_end, p.group1_begin, p.group1_end};
+            return backend::fold_order{p.group0_begin, p.group0_end, p.group1_begin, p.group1_end};
           };
           if (packs == 0) {  // one pack per leaf
             emit(off, len, order_of(k));
@@ -172,9 +172,9 @@ struct HierarchicalCopy {
   /// The `all_gather` of the `cross_device_ops` interface: each replica copies every replica's
   /// leaves into its output, in replica order.
   template <class Rt, class E>
-  void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
-                  std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const {
-    detail::generic_all_gather(c, in, counts, out);
+  void all_gather(backend::collective<Rt>& c, const backend::const_segment_list<Rt, E>& in,
+                  std::span<const std::size_t> counts, const backend::segment_list<Rt, E>& out) const {
+    backend::generic_all_gather(c, in, counts, out);
   }
 };
 

@@ -5,9 +5,9 @@
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
-#include <mirror/detail/collective.hpp>
-#include <mirror/detail/gather_scatter.hpp>
-#include <mirror/detail/segments.hpp>
+#include <mirror/backend/collective.hpp>
+#include <mirror/backend/generic_collectives.hpp>
+#include <mirror/backend/segment_list.hpp>
 #include <mirror/reduce_op.hpp>
 #include <span>
 #include <stdexcept>
@@ -52,7 +52,7 @@ struct ReductionToOneDevice {
   /// The `cross_device_ops` interface (mirror/concepts/cross_device_ops.hpp), called by every
   /// replica: reduces the leaves `s` of every replica in place.
   template <class Rt, class E>
-  void all_reduce(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& s) const {
+  void all_reduce(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& s) const {
     using pointer = typename Rt::template pointer<E>;
     Rt& rt = c.runtime();
     const int self = c.self(), n = c.num_replicas();
@@ -66,13 +66,13 @@ struct ReductionToOneDevice {
     if (n == 1) return;
     const pointer acc = all[static_cast<std::size_t>(reduce_to)].accumulator;
     // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
-    const auto range = detail::chunk_of<E>(0, s.total, self, n);
+    const auto range = backend::chunk_of<E>(0, s.total, self, n);
     const std::size_t a = range.first, b = range.second;
     // On host memory, go block by block through one reused block of this replica's part of
     // the accumulator: it stays in L1 while the leaves stream past (one pass over memory
     // instead of four; the same operations per element, so the same bits).
     constexpr std::size_t block = Rt::host_addressable ? std::max<std::size_t>(1, 8192 / sizeof(E)) : ~std::size_t{0};
-    detail::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t v) {
+    backend::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t v) {
       // A device with a fused fold (the CUDA backend, where every replica's memory is reachable
       // from this replica's GPU) reduces the piece and writes it back in one pass.
       if constexpr (requires { rt.fold_into_all(self, op, static_cast<const pointer*>(nullptr), n, len); }) {
@@ -100,17 +100,17 @@ struct ReductionToOneDevice {
   /// hold on `reduce_to`), so each element has the bits `all_reduce` gives it. Reads N·S/N and
   /// writes S/N bytes per replica.
   template <class Rt, class E>
-  void reduce_scatter(detail::collective<Rt>& c, ReduceOp op, const detail::segment_list<Rt, E>& in,
-                      const detail::segment_list<Rt, E>& out) const {
-    detail::generic_reduce_scatter(c, op, in, out, detail::serial_fold{});
+  void reduce_scatter(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& in,
+                      const backend::segment_list<Rt, E>& out) const {
+    backend::generic_reduce_scatter(c, op, in, out, backend::serial_fold{});
   }
 
   /// The `all_gather` of the `cross_device_ops` interface: each replica copies every replica's
   /// leaves into its output, in replica order.
   template <class Rt, class E>
-  void all_gather(detail::collective<Rt>& c, const detail::segment_list<Rt, E>& in,
-                  std::span<const std::size_t> counts, const detail::segment_list<Rt, E>& out) const {
-    detail::generic_all_gather(c, in, counts, out);
+  void all_gather(backend::collective<Rt>& c, const backend::const_segment_list<Rt, E>& in,
+                  std::span<const std::size_t> counts, const backend::segment_list<Rt, E>& out) const {
+    backend::generic_all_gather(c, in, counts, out);
   }
 };
 

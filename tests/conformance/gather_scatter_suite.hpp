@@ -43,7 +43,7 @@ using mirror::ReduceOp;
 inline constexpr int replica_counts[] = {1, 2, 3, 4, 7, 8, 16};
 
 /// The cut of n elements replica r of R receives, {first, count}: the first n mod R replicas
-/// get n / R + 1 elements, the others n / R (written out here, not mirror's replica_rows).
+/// get n / R + 1 elements, the others n / R (written out here, not mirror's backend::cut_of).
 struct cut {
   std::size_t first, count;
 };

@@ -416,7 +416,7 @@ void run_trial(S& s, const trial& t, std::string& failure) {
             }
             case kind::scatter: {
               const auto out = ctx.reduce_scatter(st.op, vec(st.n + (bigger ? 1 : 0)));
-              const auto [lo, count] = mirror::detail::replica_rows(st.n, N, g);
+              const auto [lo, count] = mirror::backend::cut_of(st.n, N, g);
               bad += out.size() == count ? 0 : 1;
               for (std::size_t i = 0; i < std::min(count, out.size()); ++i) bad += same(out[i], expect(lo + i)) ? 0 : 1;
               break;

@@ -85,7 +85,7 @@ void reduce_scatter_against_reference() {
         });
         for (int r = 0; r < R; ++r) {
           CAPTURE(r);
-          const auto [first, count] = mirror::detail::replica_rows(n, R, r);
+          const auto [first, count] = mirror::backend::cut_of(n, R, r);
           const std::vector<T>& got = out[static_cast<std::size_t>(r)];
           REQUIRE(got.size() == count);
           REQUIRE(matches<Ops>(op, R, got.data(), want.data() + first, count));
@@ -121,7 +121,7 @@ void reduce_scatter_in_place_on_device() {
         s.runtime().synchronize(r);
         std::vector<float> got(n);
         buffers[static_cast<std::size_t>(r)].download(got);
-        const auto [first, count] = mirror::detail::replica_rows(n, R, r);
+        const auto [first, count] = mirror::backend::cut_of(n, R, r);
         std::vector<float> expect = pristine[static_cast<std::size_t>(r)];
         std::copy_n(want.begin() + static_cast<std::ptrdiff_t>(first), count,
                     expect.begin() + static_cast<std::ptrdiff_t>(first));
@@ -158,7 +158,7 @@ void reduce_scatter_matches_all_reduce() {
         });
         const std::vector<float> all = reduced.primary();
         for (int r = 0; r < R; ++r) {
-          const auto [first, count] = mirror::detail::replica_rows(n, R, r);
+          const auto [first, count] = mirror::backend::cut_of(n, R, r);
           CAPTURE(r);
           REQUIRE(cuts[static_cast<std::size_t>(r)].size() == count);
           REQUIRE(mirror::test::same_bits(cuts[static_cast<std::size_t>(r)].data(), all.data() + first, count));

@@ -572,7 +572,7 @@ TEST_CASE("cluster: distribute_dataset gives each worker its contiguous part of 
     std::vector<std::vector<float>> batches{{0, 1, 2, 3, 4}};
     for (const auto& step : s.distribute_dataset(batches)) {
       for (int r = 0; r < 2; ++r) {
-        const auto [first, count] = mirror::detail::replica_rows(5, N, w * 2 + r);
+        const auto [first, count] = mirror::backend::cut_of(5, N, w * 2 + r);
         REQUIRE(step[static_cast<std::size_t>(r)].size() == count);
         if (count > 0) CHECK(step[static_cast<std::size_t>(r)][0] == float(first));
       }

@@ -137,7 +137,7 @@ void reduce_scatter_case(int R, bool deterministic) {
       const auto& [cuts, alls, buffers, offsets, lengths] = results;
       for (int l = 0; l < R; ++l) {
         const int g = world_rank() * R + l;
-        const auto [first, count] = mirror::detail::replica_rows(n, N, g);
+        const auto [first, count] = mirror::backend::cut_of(n, N, g);
         const std::vector<T>& cut = cuts[static_cast<std::size_t>(l)];
         const std::span<const T> all(alls[static_cast<std::size_t>(l)]);
         REQUIRE(cut.size() == count);
@@ -195,7 +195,7 @@ TEST_CASE("cluster reduce_scatter of a nest: leaves of several lengths and eleme
       const auto& [fa, fb, fc] = alls[static_cast<std::size_t>(l)];
       const auto check = [&](const auto& cut, const auto& full, std::size_t n) {
         using T = typename std::remove_cvref_t<decltype(cut)>::value_type;
-        const auto [first, count] = mirror::detail::replica_rows(n, N, g);
+        const auto [first, count] = mirror::backend::cut_of(n, N, g);
         REQUIRE(cut.size() == count);
         CHECK(same_bits<T>(cut, std::span<const T>(full).subspan(first, count)));
         const std::vector<T> serial = reference<T>(ReduceOp::sum, W, R, n, false);
@@ -425,7 +425,7 @@ void reduce_scatter_with_local_policy(Local local) {
     const auto& [cuts, alls] = results;
     for (int l = 0; l < R; ++l) {
       const int g = s.worker_index() * R + l;
-      const auto [first, count] = mirror::detail::replica_rows(n, N, g);
+      const auto [first, count] = mirror::backend::cut_of(n, N, g);
       CAPTURE(g);
       const std::vector<float>& cut = cuts[static_cast<std::size_t>(l)];
       REQUIRE(cut.size() == count);

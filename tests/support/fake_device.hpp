@@ -8,10 +8,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 #include <backends/threads/threads_runtime.hpp>
 #include <mirror/concepts/device.hpp>
@@ -57,9 +59,12 @@ struct FakeDevice {
       ++copies_;
       return {self, b, 0};
     }
+    /// Copies an attached leaf back and frees its block; a read-only (`const E`) leaf is only freed.
     template <class E>
     void detach(int self, pointer<E> p, std::span<E> host) {
-      if (!host.empty()) std::memcpy(host.data(), resolve(p), host.size_bytes());
+      if constexpr (!std::is_const_v<E>) {
+        if (!host.empty()) std::memcpy(host.data(), resolve(p), host.size_bytes());
+      }
       arena(self).release(p.block);
       ++copies_;
     }
@@ -72,13 +77,16 @@ struct FakeDevice {
       }
       return {self, a.scratch_block, 0};
     }
-    template <class E>
-    void copy(int, pointer<E> dst, pointer<E> src, std::size_t n) {
+    /// `src` may be read-only (`pointer<const E>`, an attached input).
+    template <class E, class S>
+      requires std::same_as<const E, const S>
+    void copy(int, pointer<E> dst, pointer<S> src, std::size_t n) {
       if (n != 0) std::memmove(resolve(dst), resolve(src), n * sizeof(E));
       ++copies_;
     }
-    template <class E>
-    void combine(int, ReduceOp op, pointer<E> dst, pointer<E> src, std::size_t n) {
+    template <class E, class S>
+      requires std::same_as<const E, const S>
+    void combine(int, ReduceOp op, pointer<E> dst, pointer<S> src, std::size_t n) {
       detail::combine_into(op, resolve(dst), resolve(src), n);
     }
     template <class E>

@@ -73,7 +73,7 @@ void group::impl::slices(std::size_t n, std::vector<int>& counts, std::vector<in
   counts.assign(static_cast<std::size_t>(W), 0);
   displs.assign(static_cast<std::size_t>(W), 0);
   for (int p = 0; p < W; ++p) {
-    const auto [first, count] = detail::replica_rows(n, W, p);
+    const auto [first, count] = backend::cut_of(n, W, p);
     displs[static_cast<std::size_t>(p)] = static_cast<int>(first);
     counts[static_cast<std::size_t>(p)] = static_cast<int>(count);
   }
@@ -129,8 +129,8 @@ void group::impl::worker_ranges(const std::size_t* sizes, std::size_t K, std::ve
   count.assign(K * static_cast<std::size_t>(W), 0);
   for (std::size_t k = 0; k < K; ++k) {
     for (int p = 0; p < W; ++p) {
-      const std::size_t lo = detail::replica_rows(sizes[k], W * R, p * R).first;
-      const std::size_t hi = p + 1 == W ? sizes[k] : detail::replica_rows(sizes[k], W * R, (p + 1) * R).first;
+      const std::size_t lo = backend::cut_of(sizes[k], W * R, p * R).first;
+      const std::size_t hi = p + 1 == W ? sizes[k] : backend::cut_of(sizes[k], W * R, (p + 1) * R).first;
       first[k * static_cast<std::size_t>(W) + static_cast<std::size_t>(p)] = lo;
       count[k * static_cast<std::size_t>(W) + static_cast<std::size_t>(p)] = hi - lo;
     }

@@ -37,10 +37,10 @@
 #if defined(__linux__)
 #include <sched.h>
 #endif
-#include <mirror/concepts/device.hpp>  // detail::collective_cancelled_rethrow_me
-#include <mirror/detail/collective.hpp>
+#include <mirror/concepts/device.hpp>  // backend::collective_cancelled_rethrow_me
+#include <mirror/backend/collective.hpp>
 #include <mirror/detail/element_ops.hpp>
-#include <mirror/detail/replica_rows.hpp>
+#include <mirror/backend/cut_of.hpp>
 #include <mirror/error.hpp>
 
 namespace mirror::mpi {

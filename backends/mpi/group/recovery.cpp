@@ -14,7 +14,7 @@ void group::impl::note_local_failure() {
 void group::impl::throw_failure() {
   std::lock_guard lock(mutex);
   const int from = failure.replica / R;
-  if (from == w) throw detail::collective_cancelled_rethrow_me{};
+  if (from == w) throw backend::collective_cancelled_rethrow_me{};
   switch (failure.kind) {
     case failed_shape: throw shape_error(failure.text);
     case failed_timeout: throw timeout_error(failure.text, failure.missing);

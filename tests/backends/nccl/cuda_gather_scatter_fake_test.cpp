@@ -31,7 +31,7 @@ void require_rules_kept() {
 
 template <class T>
 std::vector<T> cut(const std::vector<T>& v, int r) {
-  const auto [first, count] = mirror::detail::replica_rows(v.size(), replicas, r);
+  const auto [first, count] = mirror::backend::cut_of(v.size(), replicas, r);
   return {v.begin() + static_cast<std::ptrdiff_t>(first), v.begin() + static_cast<std::ptrdiff_t>(first + count)};
 }
 
@@ -99,7 +99,7 @@ TEMPLATE_TEST_CASE("cuda (fake GPUs): reduce_scatter of a span reduces in place 
       });
       for (int r = 0; r < replicas; ++r) {
         CAPTURE(r);
-        const auto [first, count] = mirror::detail::replica_rows(n, replicas, r);
+        const auto [first, count] = mirror::backend::cut_of(n, replicas, r);
         REQUIRE(view_offsets[static_cast<std::size_t>(r)] == first);
         REQUIRE(view_sizes[static_cast<std::size_t>(r)] == count);
         std::vector<float> expect = pristine[static_cast<std::size_t>(r)];

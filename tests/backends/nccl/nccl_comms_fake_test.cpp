@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 #include <backends/nccl/nccl_comms.hpp>
-#include <mirror/detail/replica_rows.hpp>
+#include <mirror/backend/cut_of.hpp>
 #include <mirror/error.hpp>
 #include "support/fake_nccl.hpp"
 #include "support/reference.hpp"
@@ -282,7 +282,7 @@ void check_reduce_scatter(int N, ReduceOp op, bool in_place) {
     for (std::size_t k = 0; k < K; ++k) {
       mine.emplace_back(sizes[k]);
       for (std::size_t i = 0; i < sizes[k]; ++i) mine[k][i] = input<T>(r, k, i);
-      outs[static_cast<std::size_t>(r)].emplace_back(mirror::detail::replica_rows(sizes[k], N, r).second,
+      outs[static_cast<std::size_t>(r)].emplace_back(mirror::backend::cut_of(sizes[k], N, r).second,
                                                      T{99});
     }
   }
@@ -293,7 +293,7 @@ void check_reduce_scatter(int N, ReduceOp op, bool in_place) {
     std::vector<void*> out;
     for (std::size_t k = 0; k < K; ++k) {
       in.push_back(leaves[me][k].data());
-      out.push_back(in_place ? leaves[me][k].data() + mirror::detail::replica_rows(sizes[k], N, r).first
+      out.push_back(in_place ? leaves[me][k].data() + mirror::backend::cut_of(sizes[k], N, r).first
                              : static_cast<void*>(outs[me][k].data()));
     }
     std::vector<T> scratch(scratch_elements);
@@ -304,7 +304,7 @@ void check_reduce_scatter(int N, ReduceOp op, bool in_place) {
     const auto me = static_cast<std::size_t>(r);
     for (std::size_t k = 0; k < K; ++k) {
       CAPTURE(r, k, sizes[k]);
-      const auto [first, count] = mirror::detail::replica_rows(sizes[k], N, r);
+      const auto [first, count] = mirror::backend::cut_of(sizes[k], N, r);
       const T* got = in_place ? leaves[me][k].data() + first : outs[me][k].data();
       for (std::size_t i = 0; i < count; ++i) REQUIRE(got[i] == reference<T>(op, N, k, first + i));
       if (in_place) {

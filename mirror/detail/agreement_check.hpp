@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// One collective call as seen by a cross-device ops policy: the runtime, the calling replica,
-// and the agreement check (same collective, same nest, same shapes) that rides on the
-// collective's first exchange, so checking costs no extra synchronisation.
+// The agreement check of a collective call (same collective, same nest, same shapes): what each
+// replica says it is doing, how two replicas' accounts are compared, and the message for a
+// mismatch. It rides on the collective's first exchange (mirror/backend/collective.hpp), so
+// checking costs no extra synchronisation.
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <mirror/error.hpp>
 #include <mirror/reduce_op.hpp>
-#include <mirror/detail/exchanged.hpp>
+#include <mirror/backend/exchanged.hpp>
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/separate_compilation.hpp>
 #include <mirror/detail/type_name.hpp>
@@ -127,7 +128,7 @@ inline bool same_call(const collective_check& a, const collective_check& b) noex
 /// template over the exchanged payload, and not inlined: one copy per program, not one per
 /// collective type.)
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-[[gnu::noinline]] MIRROR_DETAIL_INLINE bool agree(const exchanged<collective_check>& cs) noexcept {
+[[gnu::noinline]] MIRROR_DETAIL_INLINE bool agree(const backend::exchanged<collective_check>& cs) noexcept {
   const collective_check& c0 = cs[0];
   for (std::size_t r = 1; r < cs.size(); ++r) {
     const collective_check& c = cs[r];
@@ -136,7 +137,7 @@ inline bool same_call(const collective_check& a, const collective_check& b) noex
   return true;
 }
 #else
-bool agree(const exchanged<collective_check>& cs) noexcept;
+bool agree(const backend::exchanged<collective_check>& cs) noexcept;
 #endif
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
@@ -149,11 +150,11 @@ MIRROR_DETAIL_INLINE message describe_position(const char* otherwise) {
 
 /// The message for a disagreement. Reads other replicas' frames: call it only while they wait.
 /// Local replica r is named `first + r` (a worker of a multi-process strategy names them globally).
-[[gnu::cold]] MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_check>& cs,
+[[gnu::cold]] MIRROR_DETAIL_INLINE message describe_disagreement(const backend::exchanged<collective_check>& cs,
                                                                  std::size_t first = 0);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
-MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_check>& cs, std::size_t first) {
+MIRROR_DETAIL_INLINE message describe_disagreement(const backend::exchanged<collective_check>& cs, std::size_t first) {
   // Which collective and which nest: from the checks copied into the slots. A replica's own
   // header (`full`, in its frame) is read only once its check names the same collective and
   // nest as replica 0's: then both are in disagree(), held at its barrier. (A slot can hold an
@@ -192,70 +193,5 @@ MIRROR_DETAIL_INLINE message describe_disagreement(const exchanged<collective_ch
   return format("mirror: collective #%llu (%s): replicas disagree on the shapes of the leaves", seq0, call0.text);
 }
 #endif
-
-/// The handle a cross-device ops policy receives for one collective call.
-template <class Rt>
-class collective {
- public:
-  collective(Rt& rt, int self, const collective_header* header) noexcept
-      : rt_(&rt), self_(self), header_(header), in_place_(header != nullptr && header->in_place) {}
-
-  Rt& runtime() const noexcept { return *rt_; }
-  int self() const noexcept { return self_; }
-  /// Whether the call writes memory the caller sees (span leaves, reduced in place) rather than
-  /// copies it returns: a policy that must refuse before it writes checks agreement first then.
-  /// Known on the call's first collective (the one with its header); false on later ones.
-  bool writes_in_place() const noexcept { return in_place_; }
-  int num_replicas() const noexcept { return rt_->num_replicas(); }
-
-  /// All-gather of a small trivially copyable payload, and a barrier. The first exchange of a
-  /// collective also checks that the replicas agree (mirror::shape_error otherwise, on all).
-  template <class P>
-  exchanged<P> exchange(const P& payload) {
-    struct with_check {
-      collective_check h;
-      P p;
-    };
-    // The same layout whether or not this exchange checks (a later exchange of the collective
-    // carries an unread check): one runtime exchange per payload type, not two, in every
-    // translation unit. The first exchange of a collective, the latency path's only one, checks.
-    const collective_header* const header = header_;
-    header_ = nullptr;
-    const auto all =
-        rt_->exchange(self_, with_check{header != nullptr ? check_of(*header) : collective_check{}, payload});
-    static_assert(offsetof(with_check, h) == 0);
-    if (header != nullptr) {
-      const auto checks = all.template member<collective_check>(0);
-      if (!agree(checks)) disagree(checks);
-    }
-    return all.template member<P>(offsetof(with_check, p));
-  }
-
-  /// A barrier (an exchange of nothing).
-  void barrier() {
-    if (header_ != nullptr) {
-      exchange(char{0});
-    } else {
-      rt_->barrier(self_);
-    }
-  }
-
- private:
-  // Out of exchange<P>: one copy per runtime, not one per payload type.
-  [[noreturn, gnu::cold]] void disagree(const exchanged<collective_check>& checks) {
-    // Every replica sees the same checks, so all of them are here; none may unwind (and free
-    // the headers and sizes the others read) before all have built the message.
-    std::size_t first = 0;
-    if constexpr (requires(const Rt& rt) { rt.first_replica(); }) first = static_cast<std::size_t>(rt_->first_replica());
-    const message text = describe_disagreement(checks, first);
-    rt_->barrier(self_);
-    throw shape_error(text);
-  }
-
-  Rt* rt_;
-  int self_;
-  const collective_header* header_;
-  bool in_place_;
-};
 
 }  // namespace mirror::detail

@@ -1,28 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// reduce_scatter and all_gather through a device's copy, combine and divide primitives only, so
-// that they run unchanged on every device (FakeDevice proves it). The ops policies call these
-// with the order their all-reduce folds replicas in, so that a cut of reduce_scatter has the
-// same bits as the same elements of that policy's all_reduce.
+/// \file
+/// `mirror::backend::generic_reduce_scatter` and `generic_all_gather`: the two collectives
+/// through a device's copy, combine and divide primitives only, so that they run unchanged on
+/// every device (tests/support/fake_device.hpp proves it). An ops policy calls them with the
+/// order its all-reduce folds replicas in, so that a cut of reduce_scatter has the same bits as
+/// the same elements of that policy's all_reduce.
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
 #include <span>
-#include <mirror/detail/collective.hpp>
-#include <mirror/detail/replica_rows.hpp>
-#include <mirror/detail/segments.hpp>
+#include <mirror/backend/collective.hpp>
+#include <mirror/backend/cut_of.hpp>
+#include <mirror/backend/segment_list.hpp>
 #include <mirror/reduce_op.hpp>
 
-namespace mirror::detail {
+namespace mirror::backend {
 
 /// The order an all-reduce combines replicas in for some elements: replicas
 /// [group0_begin, group0_end) in order, and when group 1 is not empty, replicas
 /// [group1_begin, group1_end) in order apart, then group 0's result op group 1's.
 struct fold_order {
-  int group0_begin = 0;
-  int group0_end = 0;
-  int group1_begin = 0;
-  int group1_end = 0;
+  int group0_begin = 0;  ///< first replica of group 0
+  int group0_end = 0;    ///< one past group 0's last replica
+  int group1_begin = 0;  ///< first replica of group 1
+  int group1_end = 0;    ///< one past group 1's last replica (group1_begin: no group 1)
 };
 
 /// Replicas 0, 1, ..., n-1 in order: the serial loop.
@@ -31,17 +33,13 @@ constexpr fold_order serial_order(int n) noexcept { return {0, n, 0, 0}; }
 /// Calls `emit(offset_in_leaf, count, serial_order(n))` for the whole cut: for the policies whose
 /// all-reduce folds every element in replica order.
 struct serial_fold {
+  /// The fold order of one part of a cut (the arguments: replicas, leaf, offset in the leaf,
+  /// count, offset in the packed range, and the callback).
   template <class Emit>
   void operator()(int n, std::size_t, std::size_t off, std::size_t len, std::size_t, Emit&& emit) const {
     emit(off, len, serial_order(n));
   }
 };
-
-/// The cut of `total` elements that replica `r` of `n` receives: TF's batch split, the first
-/// `total mod n` replicas one element more. {first, count}.
-constexpr std::pair<std::size_t, std::size_t> cut_of(std::size_t total, int n, int r) noexcept {
-  return replica_rows(total, n, r);
-}
 
 /// Replica self's part of reduce_scatter on one process (c.num_replicas() replicas in all):
 /// `out.leaves[k]` (the cut's length) receives the op-reduction of cut `self` of leaf k over all
@@ -106,9 +104,9 @@ void generic_reduce_scatter(collective<Rt>& c, ReduceOp op, const segment_list<R
 /// Replica self's part of all_gather on one process: `out.leaves[k]` receives every replica's
 /// leaf k in replica order; `counts[r * K + k]` is replica r's length of leaf k (K leaves).
 template <class Rt, class E>
-void generic_all_gather(collective<Rt>& c, const segment_list<Rt, E>& in, std::span<const std::size_t> counts,
+void generic_all_gather(collective<Rt>& c, const const_segment_list<Rt, E>& in, std::span<const std::size_t> counts,
                         const segment_list<Rt, E>& out) {
-  using pointer = typename Rt::template pointer<E>;
+  using pointer = typename Rt::template pointer<const E>;
   Rt& rt = c.runtime();
   const int self = c.self(), n = c.num_replicas();
   const std::size_t leaves = in.leaves.size();
@@ -127,4 +125,4 @@ void generic_all_gather(collective<Rt>& c, const segment_list<Rt, E>& in, std::s
   c.barrier();  // nobody returns (and reuses its buffers) before every replica has read them
 }
 
-}  // namespace mirror::detail
+}  // namespace mirror::backend

@@ -1,22 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The result of a device runtime's exchange: every replica's payload, read in place from the
-// runtime's fixed-stride slots.
+/// \file
+/// `mirror::backend::exchanged`: what a device runtime's exchange returns, every replica's payload.
 
 #include <cstddef>
 
-namespace mirror::detail {
+namespace mirror::backend {
 
-/// A read-only view of every replica's exchanged payload, in replica order. Valid until the
-/// calling replica's next exchange or barrier.
+/// A read-only view of every replica's exchanged payload, in replica order, read in place from
+/// the runtime's fixed-stride slots. Valid until the calling replica's next exchange or barrier.
 template <class P>
 class exchanged {
  public:
+  /// The view of `n` payloads, the first at `base`, `stride` bytes apart (for runtimes).
   exchanged(const void* base, std::size_t stride, std::size_t n) noexcept
       : base_(static_cast<const unsigned char*>(base)), stride_(stride), n_(n) {}
+  /// Replica `r`'s payload.
   const P& operator[](std::size_t r) const noexcept {
     return *reinterpret_cast<const P*>(base_ + r * stride_);
   }
+  /// The number of replicas.
   std::size_t size() const noexcept { return n_; }
   /// Bytes from one replica's payload to the next's.
   std::size_t stride() const noexcept { return stride_; }
@@ -31,4 +34,4 @@ class exchanged {
   std::size_t stride_, n_;
 };
 
-}  // namespace mirror::detail
+}  // namespace mirror::backend
