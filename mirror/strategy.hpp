@@ -32,6 +32,7 @@
 #include <mirror/detail/lean_ranges.hpp>  // <ranges>: the parts used
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/rethrow_first.hpp>
+#include <mirror/detail/run_plumbing.hpp>
 #include <mirror/detail/run_result.hpp>
 #include <mirror/error.hpp>
 #include <mirror/distributed_dataset.hpp>
@@ -49,51 +50,6 @@
 #include <mirror/synced.hpp>
 
 namespace mirror {
-namespace detail {
-
-template <class T> struct is_variable : std::false_type {};
-template <class T> struct is_variable<MirroredVariable<T>> : std::true_type {};
-template <class T> struct is_variable<SyncOnReadVariable<T>> : std::true_type {};
-
-/// What replica r holds for one argument of run (docs/guide.md\#run-and-the-values-it-returns): a
-/// reference to its component or copy, a reference to a shared value, or (variables) a
-/// replica-local handle.
-template <class A, class Context>
-decltype(auto) hold_for_replica(A&& a, int r, Context& ctx) {
-  using D = std::remove_cvref_t<A>;
-  if constexpr (is_variable<D>::value) {
-    static_assert(std::is_lvalue_reference_v<A> && !std::is_const_v<std::remove_reference_t<A>>,
-                  "mirror::Strategy::run(fn, args...): pass a variable as a non-const lvalue (it is updated "
-                  "through the handle fn receives)");
-    return access::handle_for(a, r, ctx);
-  } else if constexpr (is_per_replica<D>::value) {
-    if constexpr (std::is_lvalue_reference_v<A> && !std::is_const_v<std::remove_reference_t<A>>) {
-      return a[static_cast<std::size_t>(r)];  // T&
-    } else {
-      return std::as_const(a)[static_cast<std::size_t>(r)];  // const T&
-    }
-  } else if constexpr (is_mirrored<D>::value) {
-    return std::as_const(a)[static_cast<std::size_t>(r)];
-  } else {
-    return std::as_const(a);
-  }
-}
-
-/// Whether run can keep replica results of type R in the runtime's per-replica result areas
-/// (threads::runtime::result_area): the runtime has them, and an optional<R> fits and moves
-/// without throwing. (A concept, so that runtimes without `result_bytes` just fail it.)
-template <class Rt, class R>
-concept keeps_results_in_areas = requires(Rt& rt) {
-  { rt.result_area(0) } -> std::same_as<void*>;
-  { Rt::result_bytes } -> std::convertible_to<std::size_t>;
-} && sizeof(std::optional<R>) <= Rt::result_bytes && alignof(std::optional<R>) <= 16 &&
-                                 std::is_nothrow_move_constructible_v<R>;
-
-/// The lvalue fn receives for what a replica holds (a reference, or a value held in run's frame).
-template <class H>
-using as_lvalue_t = std::conditional_t<std::is_reference_v<H>, H, H&>;
-
-}  // namespace detail
 
 /// Synchronous data parallelism: `run(fn, args...)` calls `fn` once on every replica of
 /// `Device`, concurrently, and cross-replica reductions go through `Ops`.
@@ -199,7 +155,7 @@ class Strategy {
   /// count) throws `mirror::shape_error` before any replica starts.
   template <class F, class... Args>
   auto run(F&& fn, Args&&... args) {
-    using Result = std::decay_t<decltype(call_fn(fn, std::declval<context_type&>(), 0, args...))>;
+    using Result = std::decay_t<decltype(detail::call_fn(rt_, fn, std::declval<context_type&>(), 0, args...))>;
     if (rt_.in_parallel()) throw_nested_run();
     std::size_t index = 0;
     (check_components(args, index++), ...);
@@ -209,9 +165,9 @@ class Strategy {
     detail::replica_errors& errors = errors_;  // reused: runs are serialised
     if constexpr (std::is_void_v<Result>) {
       rt_.parallel([&](int r) noexcept {
-        guarded(errors, r, [&] {
+        detail::guarded(rt_, errors, r, first_local_replica(), [&] {
           context_type ctx(*this, r);
-          call_fn(fn, ctx, r, args...);
+          detail::call_fn(rt_, fn, ctx, r, args...);
         });
       });
       rethrow_first(errors);
@@ -223,9 +179,9 @@ class Strategy {
       typename detail::run_result<Result>::collector out(static_cast<std::size_t>(n));
       rt_.parallel([&](int r) noexcept {
         auto* mine = ::new (rt_.result_area(r)) std::optional<Result>();
-        guarded(errors, r, [&] {
+        detail::guarded(rt_, errors, r, first_local_replica(), [&] {
           context_type ctx(*this, r);
-          mine->emplace(call_fn(fn, ctx, r, args...));
+          mine->emplace(detail::call_fn(rt_, fn, ctx, r, args...));
         });
       });
       for (int r = 0; r < n; ++r) {
@@ -239,9 +195,9 @@ class Strategy {
       // Each replica builds its result in its place in the returned value.
       typename detail::run_result<Result>::collector out(static_cast<std::size_t>(n));
       rt_.parallel([&](int r) noexcept {
-        guarded(errors, r, [&] {
+        detail::guarded(rt_, errors, r, first_local_replica(), [&] {
           context_type ctx(*this, r);
-          out.take(r, call_fn(fn, ctx, r, args...));
+          out.take(r, detail::call_fn(rt_, fn, ctx, r, args...));
         });
       });
       rethrow_first(errors);
@@ -596,47 +552,6 @@ class Strategy {
   const Ops& ops() const noexcept { return ops_; }
 
  private:
-  /// What replica r's fn receives for argument a: `detail::hold_for_replica`, except that on a
-  /// device the replicas' threads cannot read, a shared host value is first copied to replica r's
-  /// device (docs/cuda.md\#host-arguments-of-run; mirror/detail/staged_argument.hpp).
-  template <class A>
-  decltype(auto) hold(A& a, int r, context_type& ctx, std::size_t& slot) {
-    using D = std::remove_cvref_t<A>;
-    constexpr bool shared_host_value = !runtime_type::host_addressable && !detail::is_variable<D>::value &&
-                                       !detail::is_per_replica<D>::value && !detail::is_mirrored<D>::value;
-    static_assert(!(shared_host_value && detail::staging_refused<D>),
-                  "mirror::Strategy::run: a shared argument holds host arrays beside members that cannot be "
-                  "copied to the replicas' devices (only arrays, arithmetic values, enums, pointers, device views "
-                  "and "
-                  "tuples/pairs/arrays/Hana structs of them can), so part of it would stay in host memory; "
-                  "pass the other members in a separate argument, or wrap the value in a plain struct to "
-                  "pass it to fn as it is (mirror/detail/staged_argument.hpp)");
-    if constexpr (shared_host_value && detail::staged_on_device<D>) {
-      return detail::stage_to_device(rt_, r, std::as_const(a), slot);
-    } else {
-      return detail::hold_for_replica(a, r, ctx);
-    }
-  }
-
-  template <class F, class... Args>
-  decltype(auto) call_fn(F& fn, context_type& ctx, int r, Args&... args) {
-    [[maybe_unused]] std::size_t slot = 0;
-    // Braced: the arguments are held (and staged) left to right.
-    [[maybe_unused]] std::tuple<decltype(hold(args, r, ctx, slot))...> held{hold(args, r, ctx, slot)...};
-    (void)r;  // unused when fn takes no arguments
-    if constexpr (std::is_invocable_v<F&, context_type&, detail::as_lvalue_t<decltype(hold(args, r, ctx, slot))>...>) {
-      return std::apply([&](auto&... h) -> decltype(auto) { return fn(ctx, h...); }, held);
-    } else if constexpr (std::is_invocable_v<F&, detail::as_lvalue_t<decltype(hold(args, r, ctx, slot))>...>) {
-      return std::apply([&](auto&... h) -> decltype(auto) { return fn(h...); }, held);
-    } else {
-      static_assert(sizeof(F) == 0,
-                    "mirror::Strategy::run(fn, args...): fn must be callable as fn(ctx, args...) or "
-                    "fn(args...), where a PerReplica<T> argument arrives as T&, a Mirrored<T> as "
-                    "const T&, a variable as a handle (auto&), and any other argument as const& (on "
-                    "devices::Cuda a shared nest of host arrays as its device views: auto&)");
-    }
-  }
-
   template <class A>
   void check_components(const A& a, std::size_t index) const {
     using D = std::remove_cvref_t<A>;
@@ -648,24 +563,6 @@ class Strategy {
                                          index, static_cast<std::size_t>(a.size()), num_local_replicas(),
                                          multi_worker ? " in this worker" : ""));
       }
-    }
-  }
-
-  template <class Body>
-  void guarded(detail::replica_errors& errors, int r, Body&& body) noexcept {
-    // Errors built outside fn's collectives (on replica 0's thread: the caller's) name no collective.
-    struct leave_fn {
-      ~leave_fn() { detail::current_position = {}; }
-    } leave;
-    try {
-      body();
-    } catch (const backend::collective_cancelled_rethrow_me&) {
-      // another replica failed first; its error is the one reported
-    } catch (...) {
-      detail::keep_current_exception(errors, static_cast<std::size_t>(r));
-      rt_.cancel();
-      // Other workers may wait for this one in a cross-worker collective: tell them now.
-      if constexpr (multi_worker) rt_.workers()->report_failure(first_local_replica() + r, errors[static_cast<std::size_t>(r)]);
     }
   }
 
