@@ -17,6 +17,7 @@
 #include <vector>
 #include <mirror/detail/checksum.hpp>
 #include <mirror/detail/cross_worker.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/worker_group.hpp>
 #include <mirror/error.hpp>
@@ -90,7 +91,7 @@ inline bool looks_like_checkpoint_v2(const char* first8) noexcept {
 /// version-2 file, otherwise not a checkpoint, or one of a format this build does not read.
 template <class Path>
 checkpoint_contents open_checkpoint(std::string_view file, const Path& path) {
-  auto fail = [&](const std::string& why) { throw shape_error("mirror::restore(" + path + "): " + why); };
+  auto fail = [&](const char* why) { throw shape_error(format("mirror::restore(%s): %s", path.c_str(), why)); };
   if (file.size() >= 16 && std::memcmp(file.data(), checkpoint_magic_v1, 8) == 0) {
     // Version 1 (before checksums): read as it always was, unverified.
     std::uint64_t variables = 0;
@@ -108,20 +109,24 @@ checkpoint_contents open_checkpoint(std::string_view file, const Path& path) {
     computed = crc32(0, file.data(), body);
   }
   if (body == 0 || computed != recorded) {
-    char crcs[64];
-    std::snprintf(crcs, sizeof crcs, "CRC-32 0x%08x, the file records 0x%08x", static_cast<unsigned>(computed),
-                  static_cast<unsigned>(recorded));
-    fail("checksum mismatch: the file is damaged or truncated (" + std::to_string(file.size()) + " bytes" +
-         (body == 0 ? std::string(", shorter than a checkpoint's header") : ", " + std::string(crcs)) +
-         "); restore an intact copy");
+    const message why =
+        body == 0 ? format("checksum mismatch: the file is damaged or truncated (%zu bytes, shorter than a "
+                           "checkpoint's header); restore an intact copy",
+                           file.size())
+                  : format("checksum mismatch: the file is damaged or truncated (%zu bytes, CRC-32 0x%08x, the file "
+                           "records 0x%08x); restore an intact copy",
+                           file.size(), static_cast<unsigned>(computed), static_cast<unsigned>(recorded));
+    fail(why.c_str());
   }
   std::memcpy(&h, file.data(), sizeof h);
   if (std::memcmp(h.magic, checkpoint_magic, 7) != 0 || h.version < 2 || h.magic[7] - '0' != static_cast<int>(h.version)) {
     fail("the header is malformed (magic and version disagree)");
   }
   if (h.version > checkpoint_version || h.flags != 0) {
-    fail("written in checkpoint format version " + std::to_string(h.version) + " (flags " + std::to_string(h.flags) +
-         "); this build of mirror reads versions 1 and 2: restore it with the mirror that wrote it");
+    fail(format("written in checkpoint format version %u (flags %u); this build of mirror reads versions 1 and 2: "
+                "restore it with the mirror that wrote it",
+                static_cast<unsigned>(h.version), static_cast<unsigned>(h.flags))
+             .c_str());
   }
   if (h.payload_bytes != body - sizeof h) fail("the header's payload size disagrees with the file's size");
   return {file.substr(sizeof h, body - sizeof h), h.variables};
@@ -175,17 +180,19 @@ void deserialise(std::string_view& in, T& value, std::size_t var, const std::str
         const auto e = leaf_traits<L>::elements(l);
         const element_kind want = element_kind_of<E>();
         std::uint64_t head[2];
-        auto fail = [&](const std::string& why) {
-          throw shape_error("mirror::restore(" + path + "): variable " + std::to_string(var) + ", leaf " +
-                            std::to_string(k) + " (" + type_name<L>() + "): " + why +
-                            "; restore into variables made like the saved ones, in the same order");
+        auto fail = [&](const char* why) {
+          throw shape_error(format("mirror::restore(%s): variable %zu, leaf %zu (%s): %s; restore into variables "
+                                   "made like the saved ones, in the same order",
+                                   path.c_str(), var, k, type_name<L>().c_str(), why));
         };
         if (in.size() < sizeof head) fail("the checkpoint ends early");
         std::memcpy(head, in.data(), sizeof head);
         in.remove_prefix(sizeof head);
         if (head[0] != (static_cast<std::uint64_t>(want.cat) << 8 | want.bytes)) fail("the saved element type differs");
         if (head[1] != e.size()) {
-          fail("the checkpoint holds " + std::to_string(head[1]) + " elements, the variable " + std::to_string(e.size()));
+          fail(format("the checkpoint holds %llu elements, the variable %zu", static_cast<unsigned long long>(head[1]),
+                      e.size())
+                   .c_str());
         }
         if (in.size() < e.size_bytes()) fail("the checkpoint ends early");
         if (!e.empty()) std::memcpy(e.data(), in.data(), e.size_bytes());  // an empty leaf may have no address
@@ -278,8 +285,8 @@ void restore_from(std::string_view file, const std::string& path, Vars&... vars)
   const checkpoint_contents contents = open_checkpoint(file, path);
   std::string_view in = contents.payload;
   if (contents.variables != sizeof...(Vars)) {
-    throw shape_error("mirror::restore(" + path + "): the checkpoint holds " + std::to_string(contents.variables) +
-                      " variables but " + std::to_string(sizeof...(Vars)) + " were passed");
+    throw shape_error(format("mirror::restore(%s): the checkpoint holds %llu variables but %zu were passed",
+                             path.c_str(), static_cast<unsigned long long>(contents.variables), sizeof...(Vars)));
   }
   // Every value is read (and checked) before any variable changes.
   std::tuple<typename Vars::value_type...> values{vars[0]...};  // the variables' shapes
@@ -290,9 +297,10 @@ void restore_from(std::string_view file, const std::string& path, Vars&... vars)
       },
       values);
   if (!in.empty()) {
-    throw shape_error("mirror::restore(" + path + "): the checkpoint holds " + std::to_string(in.size()) +
-                      " more bytes after the last variable's leaves (its variables have more or larger leaves); "
-                      "restore into variables made like the saved ones, in the same order");
+    throw shape_error(format("mirror::restore(%s): the checkpoint holds %zu more bytes after the last variable's "
+                             "leaves (its variables have more or larger leaves); restore into variables made like the "
+                             "saved ones, in the same order",
+                             path.c_str(), in.size()));
   }
   std::apply([&](const auto&... value) { (vars.assign(value), ...); }, values);
 }

@@ -23,6 +23,7 @@
 #include <boost/hana/second.hpp>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/cross_worker.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/lean_ranges.hpp>  // <ranges>: the parts used
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/backend/cut_of.hpp>
@@ -156,17 +157,18 @@ std::size_t batch_rows(const B& batch) {
           // A matrix's rows() drops a partial last row: refuse it rather than lose elements.
           const std::size_t elements = leaf.data.size();
           if (leaf.cols == 0 ? elements != 0 : elements % leaf.cols != 0) {
-            throw shape_error("mirror::Strategy::distribute_dataset: leaf " + std::to_string(k) + " (" + type_name<L>() +
-                              ") of a global batch holds " + std::to_string(elements) + " elements in " +
-                              std::to_string(leaf.cols) + " columns, which is not a whole number of rows; make "
-                              "its element count a multiple of cols");
+            throw shape_error(detail::format("mirror::Strategy::distribute_dataset: leaf %zu (%s) of a global batch "
+                                             "holds %zu elements in %zu columns, which is not a whole number of "
+                                             "rows; make its element count a multiple of cols",
+                                             k, type_name<L>().c_str(), elements, leaf.cols));
           }
         }
         const std::size_t n = batch_leaf<L>::rows(leaf);
         if (rows && *rows != n) {
-          throw shape_error("mirror::Strategy::distribute_dataset: leaf " + std::to_string(k) + " (" + type_name<L>() +
-                            ") of a global batch has " + std::to_string(n) + " rows but leaf 0 has " +
-                            std::to_string(*rows) + "; every leaf of a batch needs the same leading dimension");
+          throw shape_error(detail::format("mirror::Strategy::distribute_dataset: leaf %zu (%s) of a global batch "
+                                           "has %zu rows but leaf 0 has %zu; every leaf of a batch needs the same "
+                                           "leading dimension",
+                                           k, type_name<L>().c_str(), n, *rows));
         }
         rows = n;
         ++k;
@@ -338,11 +340,12 @@ class DistributedDataset {
           const auto n = static_cast<std::int64_t>(std::ranges::size(d_->range_));
           detail::require_equal_across_workers(
               *d_->group_, n, "mirror::Strategy::distribute_dataset", [&](std::int64_t most, std::int64_t least) {
-                throw shape_error("mirror::Strategy::distribute_dataset: the workers' ranges of global batches "
-                                  "differ in size (between " + std::to_string(least) + " and " +
-                                  std::to_string(most) + " batches; worker " +
-                                  std::to_string(d_->group_->worker_index()) + " has " + std::to_string(n) +
-                                  "); every worker must iterate the same global batches (same source, same seed)");
+                throw shape_error(detail::format("mirror::Strategy::distribute_dataset: the workers' ranges of "
+                                                 "global batches differ in size (between %lld and %lld batches; "
+                                                 "worker %d has %lld); every worker must iterate the same global "
+                                                 "batches (same source, same seed)",
+                                                 static_cast<long long>(least), static_cast<long long>(most),
+                                                 d_->group_->worker_index(), static_cast<long long>(n)));
               });
         }
       }

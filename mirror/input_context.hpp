@@ -4,7 +4,7 @@
 /// `mirror::InputContext`: what `distribute_datasets_from_function` tells the dataset function.
 
 #include <stdexcept>
-#include <string>
+#include <mirror/detail/format.hpp>
 
 namespace mirror {
 
@@ -21,10 +21,11 @@ struct InputContext {
   /// **Errors**: `std::invalid_argument` when it does not divide.
   int get_per_replica_batch_size(int global_batch_size) const {
     if (num_replicas_in_sync <= 0 || global_batch_size % num_replicas_in_sync != 0) {
-      throw std::invalid_argument("mirror::InputContext::get_per_replica_batch_size(" +
-                                  std::to_string(global_batch_size) + "): the global batch size is not divisible by "
-                                  "num_replicas_in_sync = " + std::to_string(num_replicas_in_sync) +
-                                  "; pick a multiple of it");
+      throw std::invalid_argument(detail::format("mirror::InputContext::get_per_replica_batch_size(%d): the global "
+                                                 "batch size is not divisible by num_replicas_in_sync = %d; pick a "
+                                                 "multiple of it",
+                                                 global_batch_size, num_replicas_in_sync)
+                                      .c_str());
     }
     return global_batch_size / num_replicas_in_sync;
   }

@@ -12,6 +12,7 @@
 #include <vector>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/backend/cut_of.hpp>
@@ -67,7 +68,8 @@ class MirroredVariable {
   class handle {
    public:
     ///@{
-    /// This replica's copy.
+    /// This replica's copy. `read()` is the same call under TensorFlow's other name
+    /// (`read_value`): docs/guide.md\#variables.
     const T& value() const noexcept { return *copy_; }
     const T& read() const noexcept { return *copy_; }
     ///@}
@@ -133,18 +135,18 @@ class MirroredVariable {
         for (std::size_t j = 0; j < params.size(); ++j) {
           const std::size_t cut = backend::cut_of(params[j].size(), n, r).second;
           if (g[j].size() != params[j].size()) {
-            throw shape_error(where("update_sharded") + ": gradient leaf " + std::to_string(j) + " has " +
-                              std::to_string(g[j].size()) + " elements but the variable's has " +
-                              std::to_string(params[j].size()) + "; pass the gradient of the whole variable");
+            throw shape_error(detail::format("%s: gradient leaf %zu has %zu elements but the variable's has %zu; "
+                                             "pass the gradient of the whole variable",
+                                             where("update_sharded").c_str(), j, g[j].size(), params[j].size()));
           }
           std::size_t index = 0;
           const auto check_state = [&](auto& state) {
             const auto s = detail::leaves_of<E>(state);
             if (s[j].size() != cut) {
-              throw shape_error(where("update_sharded") + ": state " + std::to_string(index) + " leaf " +
-                                std::to_string(j) + " has " + std::to_string(s[j].size()) +
-                                " elements but this replica's cut of the variable's leaf has " + std::to_string(cut) +
-                                "; make the state with mirror::cut_for_replica");
+              throw shape_error(detail::format("%s: state %zu leaf %zu has %zu elements but this replica's cut of "
+                                               "the variable's leaf has %zu; make the state with "
+                                               "mirror::cut_for_replica",
+                                               where("update_sharded").c_str(), index, j, s[j].size(), cut));
             }
             ++index;
           };
@@ -167,9 +169,9 @@ class MirroredVariable {
     }
 
    private:
-    std::string where(const char* api) const {
-      return std::string("mirror::MirroredVariable::handle::") + api + " (replica " +
-             std::to_string(ctx_->replica_id_in_sync_group()) + ")";
+    detail::message where(const char* api) const {
+      return detail::format("mirror::MirroredVariable::handle::%s (replica %d)", api,
+                            ctx_->replica_id_in_sync_group());
     }
 
     handle(T& copy, VariableAggregation aggregation, Context& ctx) noexcept
@@ -181,9 +183,11 @@ class MirroredVariable {
                                 std::to_string(ctx_->replica_id_in_sync_group()) + ")";
       switch (aggregation_) {
         case VariableAggregation::none:
-          throw aggregation_error(where + ": the variable's aggregation is none, so the replicas' values "
-                                  "cannot be combined; create it with VariableAggregation::sum, mean or "
-                                  "only_first_replica, update it outside run, or use update(fn, synced...)");
+          throw aggregation_error(detail::format("%s: the variable's aggregation is none, so the replicas' values "
+                                                 "cannot be combined; create it with VariableAggregation::sum, mean "
+                                                 "or only_first_replica, update it outside run, or use update(fn, "
+                                                 "synced...)",
+                                                 where.c_str()));
         case VariableAggregation::sum: finish(kind, *ctx_->all_reduce(ReduceOp::sum, x), where); return;
         case VariableAggregation::mean: finish(kind, *ctx_->all_reduce(ReduceOp::mean, x), where); return;
         case VariableAggregation::only_first_replica: finish(kind, *ctx_->broadcast(x, 0), where); return;

@@ -65,15 +65,12 @@ class ReplicaContext {
   template <nest T>
   Synced<std::remove_cvref_t<T>> all_reduce(ReduceOp op, T&& value) {
     using N = std::remove_cvref_t<T>;
-    // The host-addressable runtimes (devices::Threads) combine leaves with CPU loads and stores.
-    static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<N>()),
-                  "mirror::ReplicaContext::all_reduce: the value holds device-resident leaves (GPU memory) but this "
-                  "strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");
+    require_reachable_leaves<N>();
     N result(std::forward<T>(value));
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> sizes{};
     std::size_t k = 0;
-    detail::for_each_leaf([&](auto& l) { sizes[k++] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size(); },
+    detail::for_each_leaf([&](auto& l) { sizes[k++] = detail::elements_of(l).size(); },
                           result);
     detail::collective_header header = make_header<N>(detail::collective_kind::all_reduce, static_cast<int>(op), sizes);
     header.in_place = !detail::all_leaves_own<N>();
@@ -99,23 +96,21 @@ class ReplicaContext {
   /// **Communication**: every replica's leaves are copied into every replica's result once.
   /// **Example**: `auto all_ids = ctx.all_gather(std::vector<int>{id}, mirror::axis0);`
   template <nest T>
-  Synced<detail::gathered_t<T>> all_gather(const T& value, axis_t<0>) {
+  Synced<detail::gathered_t<std::remove_cvref_t<T>>> all_gather(T&& value, axis_t<0>) {
     using N = std::remove_cvref_t<T>;
     static_assert(detail::gatherable<N>(),
                   "mirror::ReplicaContext::all_gather(value, axis0): the result must hold every replica's leaves, but "
                   "the value has a view leaf (std::span, matrix_view), which cannot grow: gather a span with "
                   "ctx.all_gather(std::span<const E> in, std::span<E> out, axis0), or a Hana struct with a scalar or "
                   "std::array member, whose type cannot change: make the member a std::vector, or gather a std::tuple");
-    static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<N>()),
-                  "mirror::ReplicaContext::all_gather: the value holds device-resident leaves (GPU memory) but this "
-                  "strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");
+    require_reachable_leaves<N>();
     using G = detail::gathered_t<N>;
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> counts{}, widths{};
     std::size_t k = 0;
     detail::for_each_leaf(
         [&](const auto& l) {
-          counts[k] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size();
+          counts[k] = detail::elements_of(l).size();
           widths[k++] = detail::row_width(l);
         },
         value);
@@ -143,8 +138,7 @@ class ReplicaContext {
   /// part of `out` (in place: the parts of the replicas before it, then it).
   template <class E>
   void all_gather(std::span<const E> in, std::span<E> out, axis_t<0>) {
-    static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<std::span<E>>()),
-                  "mirror::ReplicaContext::all_gather: device-resident spans need devices::Cuda");
+    require_reachable_leaves<std::span<E>>();
     const std::array<std::size_t, 1> counts{in.size()}, widths{1};
     const std::vector<std::size_t>& all = gather_counts<std::span<E>>(counts, widths, out.size());
     const std::array<std::span<const E>, 1> ins{in};
@@ -184,9 +178,7 @@ class ReplicaContext {
                   "length: std::vector or std::span (a scalar has nothing to cut, a std::array cannot change its "
                   "length, a matrix is not 1-D: pass its elements as a std::span; a std::span<E, Extent> of a fixed "
                   "extent cannot view a cut of another length: pass a std::span<E>)");
-    static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<N>()),
-                  "mirror::ReplicaContext::reduce_scatter: the value holds device-resident leaves (GPU memory) but "
-                  "this strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");
+    require_reachable_leaves<N>();
     constexpr std::size_t K = detail::leaf_count<N>();
     std::optional<N> copy;
     N& in = input_of(value, copy);
@@ -231,10 +223,7 @@ class ReplicaContext {
   template <nest T>
   Synced<std::remove_cvref_t<T>> broadcast(T&& value, int from = 0) {
     using N = std::remove_cvref_t<T>;
-    // The host-addressable runtimes (devices::Threads) combine leaves with CPU loads and stores.
-    static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<N>()),
-                  "mirror::ReplicaContext::broadcast: the value holds device-resident leaves (GPU memory) but this "
-                  "strategy's device reads replicas' memory on the CPU; use devices::Cuda, or host leaves");
+    require_reachable_leaves<N>();
     if (from < 0 || from >= num_replicas_in_sync()) {
       throw error(detail::format("mirror::ReplicaContext::broadcast(value, from = %d) on replica %d: "
                                  "from must be a replica id in 0..%d",
@@ -266,6 +255,16 @@ class ReplicaContext {
   }
 
  private:
+  /// Every collective's check that the replicas can reach the value's leaves: a host-addressable
+  /// runtime (devices::Threads) combines them with CPU loads and stores, so GPU memory cannot be.
+  template <class N>
+  static constexpr void require_reachable_leaves() {
+    static_assert(!(Strategy::runtime_type::host_addressable && detail::has_device_leaf<N>()),
+                  "mirror::ReplicaContext: the value of this collective (all_reduce, all_gather, reduce_scatter, "
+                  "broadcast) holds device-resident leaves (GPU memory) but this strategy's device reads replicas' "
+                  "memory on the CPU; use devices::Cuda, or host leaves");
+  }
+
   /// What a broadcast's replicas must agree on: each leaf's size, except a resizable leaf's
   /// (any_size), which takes the source's.
   template <class N>
@@ -290,7 +289,7 @@ class ReplicaContext {
     std::size_t k = 0, bytes = 0;
     detail::for_each_leaf(
         [&](auto& l) {
-          const auto e = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
+          const auto e = detail::elements_of(l);
           sizes[k++] = e.size();
           bytes += e.size_bytes();
         },
@@ -309,7 +308,7 @@ class ReplicaContext {
           std::size_t at = 0;
           detail::for_each_leaf(
               [&](auto& l) {
-                const auto e = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
+                const auto e = detail::elements_of(l);
                 if (!e.empty()) move(static_cast<void*>(e.data()), packed.data + at, e.size_bytes());
                 at += e.size_bytes();
               },
@@ -423,7 +422,7 @@ class ReplicaContext {
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> sizes{};
     std::size_t k = 0;
-    detail::for_each_leaf([&](auto& l) { sizes[k++] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size(); },
+    detail::for_each_leaf([&](auto& l) { sizes[k++] = detail::elements_of(l).size(); },
                           copy);
     const detail::collective_header header = make_header<N>(detail::collective_kind::all_gather, 0, sizes);
     const detail::collective_header* pending = &header;

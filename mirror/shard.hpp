@@ -7,8 +7,8 @@
 #include <iterator>
 #include <optional>
 #include <stdexcept>
-#include <string>
 #include <utility>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/lean_ranges.hpp>  // <ranges>: the parts used
 #include <mirror/input_context.hpp>
 
@@ -77,10 +77,11 @@ class shard_view : public std::ranges::view_interface<shard_view<V>> {
 template <std::ranges::viewable_range R>
 auto shard(R&& range, const InputContext& ctx) {
   if (ctx.num_input_pipelines < 1 || ctx.input_pipeline_id < 0 || ctx.input_pipeline_id >= ctx.num_input_pipelines) {
-    throw std::invalid_argument("mirror::shard(range, ctx): ctx has input_pipeline_id = " +
-                                std::to_string(ctx.input_pipeline_id) + " of num_input_pipelines = " +
-                                std::to_string(ctx.num_input_pipelines) +
-                                "; pass the InputContext that distribute_datasets_from_function gave");
+    throw std::invalid_argument(detail::format("mirror::shard(range, ctx): ctx has input_pipeline_id = %d of "
+                                               "num_input_pipelines = %d; pass the InputContext that "
+                                               "distribute_datasets_from_function gave",
+                                               ctx.input_pipeline_id, ctx.num_input_pipelines)
+                                    .c_str());
   }
   using V = detail::all_t<R>;
   return shard_view<V>(detail::all(std::forward<R>(range)), ctx.num_input_pipelines, ctx.input_pipeline_id);

@@ -309,43 +309,7 @@ class Strategy {
     for (const T& c : components) ptrs.push_back(&c);
     R out{};
     if constexpr (multi_worker) {
-      // Sum (or min/max/prod) here, then across workers; a mean divides by the element count
-      // of every replica of every worker, so ragged batches weigh right.
-      detail::reduce_axis0_into<T>(detail::cross_op(op), out, ptrs);
-      detail::worker_group& g = *rt_.workers();
-      detail::all_reduce_nest(g, out, op, 0, "mirror::Strategy::reduce(axis0)");
-      if (op == ReduceOp::mean) {
-        constexpr std::size_t K = detail::leaf_count<R>();
-        std::array<std::int64_t, K> counts{};
-        for (const T* c : ptrs) {
-          std::size_t k = 0;
-          detail::for_each_leaf(
-              [&](const auto& l) {
-                counts[k++] += static_cast<std::int64_t>(leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size());
-              },
-              *c);
-        }
-        g.all_reduce(counts.data(), K, detail::element_kind_of<std::int64_t>(), ReduceOp::sum,
-                     "mirror::Strategy::reduce(axis0)");
-        std::size_t k = 0;
-        detail::for_each_leaf(
-            [&](auto& x) {
-              using E = std::remove_cvref_t<decltype(x)>;
-              const auto n = static_cast<std::size_t>(counts[k++]);
-              if (n == 0) {
-                if constexpr (std::is_integral_v<E>) {
-                  throw shape_error("mirror::Strategy::reduce(mean, value, axis0): no elements on any replica of any "
-                                    "worker; the mean of zero " + detail::type_name<E>() +
-                                    " elements is undefined (use sum, or a floating-point leaf, which gives NaN)");
-                } else {
-                  x = x / E(0);
-                  return;
-                }
-              }
-              x = detail::divide(x, n);
-            },
-            out);
-      }
+      detail::reduce_axis0_across_workers<T>(*rt_.workers(), op, out, std::move(ptrs));
     } else {
       detail::reduce_axis0_into<T>(op, out, std::move(ptrs));
     }
@@ -469,56 +433,11 @@ class Strategy {
     if (value.size() != static_cast<std::size_t>(num_local_replicas())) {
       detail::throw_component_count_error("gather(value, axis0)", value.size(), num_local_replicas(), multi_worker);
     }
-    using G = detail::gathered_t<T>;
-    constexpr std::size_t K = detail::leaf_count<T>();
-    const std::span<const T> components = local_results(value);
-    std::array<std::size_t, K> totals{}, widths{};
     // Multi-worker: a worker whose components disagree must not throw alone (the others would
     // wait for it in the cross-worker step); every worker learns of it there and throws.
     std::string local_problem;
-    for (std::size_t r = 0; r < components.size(); ++r) {
-      std::size_t k = 0;
-      detail::for_each_leaf(
-          [&](const auto& l) {
-            const std::size_t w = detail::row_width(l);
-            if (r == 0) widths[k] = w;
-            if (w != widths[k] && local_problem.empty()) {
-              local_problem = detail::format("mirror::Strategy::gather(value, axis0): leaf %zu (%s) has rows of %zu "
-                                             "elements on replica %d but of %zu on replica %d; gather concatenates "
-                                             "along the first dimension only, so every replica's rows must be "
-                                             "equally wide",
-                                             k, detail::type_name<std::remove_cvref_t<decltype(l)>>().c_str(), w,
-                                             first_local_replica() + static_cast<int>(r), widths[k],
-                                             first_local_replica())
-                                  .c_str();
-            }
-            totals[k++] += leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size();
-          },
-          components[r]);
-    }
+    auto out = detail::gather_components(local_results(value), first_local_replica(), local_problem);
     if (!multi_worker && !local_problem.empty()) throw shape_error(local_problem);
-    G out{};
-    std::size_t k = 0;
-    detail::for_each_leaf([&](auto& o) { detail::size_gathered(o, totals[k], widths[k]); ++k; }, out);
-    // T and G differ where a scalar or std::array leaf became a vector, so the two nests are
-    // walked apart: G's leaves first, as byte addresses, then each component's into them.
-    std::array<unsigned char*, K> to{};
-    k = 0;
-    detail::for_each_leaf(
-        [&](auto& o) {
-          to[k++] = reinterpret_cast<unsigned char*>(leaf_traits<std::remove_cvref_t<decltype(o)>>::elements(o).data());
-        },
-        out);
-    for (const T& c : components) {
-      k = 0;
-      detail::for_each_leaf(
-          [&](const auto& l) {
-            const auto from = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
-            if (!from.empty()) std::memcpy(to[k], from.data(), from.size_bytes());
-            to[k++] += from.size_bytes();
-          },
-          c);
-    }
     if constexpr (multi_worker) {
       detail::gather_nest_across_workers(*rt_.workers(), out, local_problem, "mirror::Strategy::gather");
     }
@@ -546,7 +465,10 @@ class Strategy {
     return PerReplica<R>(std::move(values));
   }
 
-  /// The device runtime (threads, streams): for backends and tests.
+  /// The device runtime (threads, streams). Public because the device's own controls live on it:
+  /// `scratch_bytes()` (docs/devices.md), `in_parallel()` (docs/tensorflow.md), and on
+  /// devices::Cuda `synchronize(r)` (docs/cuda.md) and `device_of(r)`, the GPU of replica r;
+  /// calling what `run` itself drives through it (cancel, exchange, barrier) is not supported.
   runtime_type& runtime() noexcept { return rt_; }
   /// The ops policy this strategy reduces with.
   const Ops& ops() const noexcept { return ops_; }

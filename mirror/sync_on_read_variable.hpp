@@ -55,7 +55,8 @@ class SyncOnReadVariable {
   class handle {
    public:
     ///@{
-    /// This replica's copy (no communication).
+    /// This replica's copy (no communication). `read()` is the same call under TensorFlow's
+    /// other name (`read_value`): docs/guide.md\#variables.
     const T& value() const noexcept { return *copy_; }
     const T& read() const noexcept { return *copy_; }
     ///@}

@@ -19,6 +19,7 @@
 #include <mirror/default_ops.hpp>
 #include <mirror/backend/collective.hpp>
 #include <mirror/detail/cross_worker.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/worker_group.hpp>
 #include <mirror/backend/segment_list.hpp>
 #include <mirror/reduce_op.hpp>
@@ -62,14 +63,18 @@ struct NcclAllReduce {
   /// of `gpus`, or an empty string. (Needs no GPU: the constructor's check, unit-tested alone.)
   static std::string refusal(int num_packs, int replicas_per_gpu) {
     if (num_packs < 0) {
-      return "mirror::ops::NcclAllReduce{.num_packs = " + std::to_string(num_packs) +
-             "}: num_packs must be >= 0 (0 = one all-reduce per leaf)";
+      return detail::format("mirror::ops::NcclAllReduce{.num_packs = %d}: num_packs must be >= 0 (0 = one "
+                            "all-reduce per leaf)",
+                            num_packs)
+          .c_str();
     }
     if (replicas_per_gpu > 1) {
-      return "mirror::ops::NcclAllReduce: devices::Cuda{.replicas_per_gpu = " + std::to_string(replicas_per_gpu) +
-             "} puts several replicas on one GPU, and NCCL refuses two ranks on one GPU; use "
-             "mirror::ops::ReductionToOneDevice or mirror::ops::HierarchicalCopy with logical devices, or one "
-             "replica per GPU with NcclAllReduce";
+      return detail::format("mirror::ops::NcclAllReduce: devices::Cuda{.replicas_per_gpu = %d} puts several "
+                            "replicas on one GPU, and NCCL refuses two ranks on one GPU; use "
+                            "mirror::ops::ReductionToOneDevice or mirror::ops::HierarchicalCopy with logical "
+                            "devices, or one replica per GPU with NcclAllReduce",
+                            replicas_per_gpu)
+          .c_str();
     }
     return {};
   }
@@ -89,11 +94,12 @@ struct NcclAllReduce {
     if constexpr (detail::spans_workers<Rt>) {
       if (rt.replicas_per_gpu() > 1) {
         throw std::invalid_argument(
-            "mirror::devices::Cluster<devices::Cuda>{.local = {.replicas_per_gpu = " +
-            std::to_string(rt.replicas_per_gpu()) +
-            "}}: several replicas on one GPU cannot be NCCL ranks (NCCL refuses two ranks on one GPU), and "
-            "across workers there is no other GPU policy yet; use one replica per GPU (one GPU per worker "
-            "process, or .local.gpus listing distinct GPUs)");
+            detail::format("mirror::devices::Cluster<devices::Cuda>{.local = {.replicas_per_gpu = %d}}: several "
+                           "replicas on one GPU cannot be NCCL ranks (NCCL refuses two ranks on one GPU), and "
+                           "across workers there is no other GPU policy yet; use one replica per GPU (one GPU per "
+                           "worker process, or .local.gpus listing distinct GPUs)",
+                           rt.replicas_per_gpu())
+                .c_str());
       }
     }
     if (const std::string why = refusal(num_packs, rt.replicas_per_gpu()); !why.empty()) {

@@ -14,6 +14,8 @@
 #include <vector>
 #include <type_traits>
 #include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/format.hpp>
+#include <mirror/detail/host_reduce.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/type_name.hpp>
@@ -64,7 +66,7 @@ void broadcast_nest(worker_group& g, T& nest, int root, const char* what) {
   constexpr std::size_t K = leaf_count<T>();
   std::array<std::uint64_t, K + 1> sizes{};
   std::size_t k = 0;
-  for_each_leaf([&](auto& l) { sizes[k++] = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l).size(); },
+  for_each_leaf([&](auto& l) { sizes[k++] = elements_of(l).size(); },
                 nest);
   const std::array<std::uint64_t, K + 1> mine = sizes;
   g.broadcast(sizes.data(), sizeof(std::uint64_t) * K, root, what);
@@ -89,10 +91,10 @@ void broadcast_nest(worker_group& g, T& nest, int root, const char* what) {
   g.all_reduce(&any_bad, 1, element_kind_of<std::int64_t>(), ReduceOp::max, what);
   if (any_bad >= 0) {
     const auto leaf = static_cast<std::size_t>(any_bad);
-    throw shape_error(std::string(what) + ": leaf " + std::to_string(leaf) + " has " +
-                      std::to_string(sizes[leaf]) + " elements on worker " + std::to_string(root) +
-                      " (the source) but a fixed size that differs on some worker (here " +
-                      std::to_string(mine[leaf]) + "); every worker must pass leaves of the same size");
+    throw shape_error(format("%s: leaf %zu has %llu elements on worker %d (the source) but a fixed size that "
+                             "differs on some worker (here %llu); every worker must pass leaves of the same size",
+                             what, leaf, static_cast<unsigned long long>(sizes[leaf]), root,
+                             static_cast<unsigned long long>(mine[leaf])));
   }
   for_each_leaf(
       [&](auto& l) {
@@ -153,16 +155,16 @@ void gather_nest_across_workers(worker_group& g, T& nest, const std::string& loc
   constexpr std::size_t words = 2 * K + 1;
   std::vector<std::size_t> table(words * W);
   g.all_gather_counts(mine.data(), words, table.data(), what);
-  const auto replicas = [&](std::size_t w) {
-    return std::to_string(w * static_cast<std::size_t>(R)) + ".." +
-           std::to_string((w + 1) * static_cast<std::size_t>(R) - 1);
-  };
+  // Worker w's replicas: w*R..(w+1)*R-1.
+  const auto first_replica = [&](std::size_t w) { return w * static_cast<std::size_t>(R); };
+  const auto last_replica = [&](std::size_t w) { return (w + 1) * static_cast<std::size_t>(R) - 1; };
   if (!local_problem.empty()) throw shape_error(local_problem);
   for (std::size_t p = 0; p < W; ++p) {
     if (table[p * words + 2 * K] != 0) {
-      throw shape_error(std::string(what) + ": the components on worker " + std::to_string(p) + " (replicas " +
-                        replicas(p) + ") have rows of different widths (that worker's shape_error names them); "
-                        "gathered leaves may differ in their first dimension only");
+      throw shape_error(format("%s: the components on worker %zu (replicas %zu..%zu) have rows of different widths "
+                               "(that worker's shape_error names them); gathered leaves may differ in their first "
+                               "dimension only",
+                               what, p, first_replica(p), last_replica(p)));
     }
   }
   // Leaf k of worker p: its elements, its width.
@@ -177,11 +179,11 @@ void gather_nest_across_workers(worker_group& g, T& nest, const std::string& loc
       if (first == W) {
         first = p;
       } else if (all(p, 2 * k + 1) != all(first, 2 * k + 1)) {
-        throw shape_error(std::string(what) + ": leaf " + std::to_string(k) + " has rows of " +
-                          std::to_string(all(p, 2 * k + 1)) + " elements on worker " + std::to_string(p) +
-                          " (replicas " + replicas(p) + ") but of " + std::to_string(all(first, 2 * k + 1)) +
-                          " on worker " + std::to_string(first) + " (replicas " + replicas(first) +
-                          "); gathered leaves may differ in their first dimension only");
+        throw shape_error(format("%s: leaf %zu has rows of %zu elements on worker %zu (replicas %zu..%zu) but of %zu "
+                                 "on worker %zu (replicas %zu..%zu); gathered leaves may differ in their first "
+                                 "dimension only",
+                                 what, k, all(p, 2 * k + 1), p, first_replica(p), last_replica(p),
+                                 all(first, 2 * k + 1), first, first_replica(first), last_replica(first)));
       }
     }
     width[k] = first == W ? mine[2 * k + 1] : all(first, 2 * k + 1);
@@ -217,6 +219,44 @@ void require_equal_across_workers(worker_group& g, std::int64_t value, const cha
   std::int64_t both[2] = {value, -value};
   g.all_reduce(both, 2, element_kind_of<std::int64_t>(), ReduceOp::max, what);
   if (both[0] != -both[1]) describe(both[0], -both[1]);
+}
+
+/// Strategy::reduce(op, value, axis0) on a multi-worker strategy: this worker's components
+/// (`components`, its local replicas) reduced over replicas and the batch axis into `out`, then
+/// across workers; a mean divides by the element count of every replica of every worker, so
+/// ragged batches weigh right. Every worker calls it (two cross-worker collectives).
+template <class T, class R>
+void reduce_axis0_across_workers(worker_group& g, ReduceOp op, R& out, std::vector<const T*> components) {
+  constexpr const char* what = "mirror::Strategy::reduce(axis0)";
+  reduce_axis0_into<T>(cross_op(op), out, components);
+  all_reduce_nest(g, out, op, 0, what);
+  if (op != ReduceOp::mean) return;
+  constexpr std::size_t K = leaf_count<R>();
+  std::array<std::int64_t, K> counts{};
+  for (const T* c : components) {
+    std::size_t k = 0;
+    for_each_leaf([&](const auto& l) { counts[k++] += static_cast<std::int64_t>(elements_of(l).size()); }, *c);
+  }
+  g.all_reduce(counts.data(), K, element_kind_of<std::int64_t>(), ReduceOp::sum, what);
+  std::size_t k = 0;
+  for_each_leaf(
+      [&](auto& x) {
+        using E = std::remove_cvref_t<decltype(x)>;
+        const auto n = static_cast<std::size_t>(counts[k++]);
+        if (n == 0) {
+          if constexpr (std::is_integral_v<E>) {
+            throw shape_error(format("mirror::Strategy::reduce(mean, value, axis0): no elements on any replica of "
+                                     "any worker; the mean of zero %s elements is undefined (use sum, or a "
+                                     "floating-point leaf, which gives NaN)",
+                                     type_name<E>().c_str()));
+          } else {
+            x = x / E(0);
+            return;
+          }
+        }
+        x = divide(x, n);
+      },
+      out);
 }
 
 }  // namespace mirror::detail

@@ -1,14 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// printf-style formatting of error messages, into a C string on the heap. A message built with
-// a chain of std::string operator+ is a dozen temporaries, each with its own exception cleanup,
-// inlined into every function that can throw: most of the object code of a translation unit
-// that uses run and all_reduce, and a good part of its compile time. One out-of-line call
-// formats it instead, and the formatting itself is the C library's. The result is no
-// std::string either: every header-only translation unit would compile std::string's inline
-// members (growth, construction from a pointer) for the error paths alone, while an
-// exception's constructor copies a `const char*` just as well (mirror::error takes a
-// detail::message). Why this matters: docs/design.md#compile-time.
+// printf-style formatting of error messages, into a C string on the heap: one out-of-line call
+// per message instead of a chain of std::string temporaries inlined into every function that
+// can throw, and no std::string (mirror::error takes a detail::message). Why:
+// docs/design.md#compile-time.
 
 #include <cstdarg>
 #include <cstddef>

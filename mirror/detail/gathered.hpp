@@ -7,14 +7,18 @@
 
 #include <array>
 #include <boost/hana/tuple.hpp>
+#include <cstring>
 #include <span>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/leaf_traits.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/type_name.hpp>
 
 namespace mirror::detail {
 
@@ -121,6 +125,55 @@ constexpr std::array<std::size_t, leaf_count<T, E>()> leaf_positions() {
     std::size_t i = 0, j = 0;
     ((std::is_same_v<leaf_element_t<Ls>, E> ? (out[j++] = i, ++i) : ++i), ...);
   }(leaf_types_t<T>{});
+  return out;
+}
+
+/// Strategy::gather's local step: every component's leaves concatenated in replica order into
+/// one nest (a scalar or std::array leaf becomes a vector). Rows of a component that are not as
+/// wide as the first component's set `problem` to the message (not thrown: on a multi-worker
+/// strategy every worker must learn of it in the cross-worker step, and throw together);
+/// `first_replica` is the global id of components[0]'s replica.
+template <class T>
+gathered_t<T> gather_components(std::span<const T> components, int first_replica, std::string& problem) {
+  using G = gathered_t<T>;
+  constexpr std::size_t K = leaf_count<T>();
+  std::array<std::size_t, K> totals{}, widths{};
+  for (std::size_t r = 0; r < components.size(); ++r) {
+    std::size_t k = 0;
+    for_each_leaf(
+        [&](const auto& l) {
+          const std::size_t w = row_width(l);
+          if (r == 0) widths[k] = w;
+          if (w != widths[k] && problem.empty()) {
+            problem = format("mirror::Strategy::gather(value, axis0): leaf %zu (%s) has rows of %zu elements on "
+                             "replica %d but of %zu on replica %d; gather concatenates along the first dimension "
+                             "only, so every replica's rows must be equally wide",
+                             k, type_name<std::remove_cvref_t<decltype(l)>>().c_str(), w,
+                             first_replica + static_cast<int>(r), widths[k], first_replica)
+                          .c_str();
+          }
+          totals[k++] += elements_of(l).size();
+        },
+        components[r]);
+  }
+  G out{};
+  std::size_t k = 0;
+  for_each_leaf([&](auto& o) { size_gathered(o, totals[k], widths[k]); ++k; }, out);
+  // T and G differ where a scalar or std::array leaf became a vector, so the two nests are
+  // walked apart: G's leaves first, as byte addresses, then each component's into them.
+  std::array<unsigned char*, K> to{};
+  k = 0;
+  for_each_leaf([&](auto& o) { to[k++] = reinterpret_cast<unsigned char*>(elements_of(o).data()); }, out);
+  for (const T& c : components) {
+    k = 0;
+    for_each_leaf(
+        [&](const auto& l) {
+          const auto from = elements_of(l);
+          if (!from.empty()) std::memcpy(to[k], from.data(), from.size_bytes());
+          to[k++] += from.size_bytes();
+        },
+        c);
+  }
   return out;
 }
 

@@ -168,7 +168,7 @@ void reduce_components(ReduceOp op, std::span<const T> components, T& out, paral
     std::size_t k = 0;
     for_each_leaf(
         [&](const auto& l) {
-          const auto e = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
+          const auto e = detail::elements_of(l);
           inputs.data()[k * n + r] = e.data();
           inputs.sizes()[k * n + r] = e.size();
           ++k;

@@ -63,7 +63,7 @@ template <class T>
 void divide_leaves(T& x, std::size_t n) {
   for_each_leaf(
       [&](auto& l) {
-        const auto e = leaf_traits<std::remove_cvref_t<decltype(l)>>::elements(l);
+        const auto e = detail::elements_of(l);
         divide_all(e.data(), e.size(), n);
       },
       x);

@@ -278,6 +278,12 @@ constexpr std::size_t leaf_count() {
   }(leaf_types_t<T>{});
 }
 
+/// The elements of one leaf, its type deduced: `leaf_traits<L>::elements(leaf)`.
+template <class L>
+constexpr auto elements_of(L& leaf) noexcept(noexcept(leaf_traits<std::remove_const_t<L>>::elements(leaf))) {
+  return leaf_traits<std::remove_const_t<L>>::elements(leaf);
+}
+
 /// Calls f.template operator()<T>() for each T of a type_list.
 template <class... Ts, class F>
 constexpr void for_each_type(type_list<Ts...>, F&& f) {

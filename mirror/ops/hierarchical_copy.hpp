@@ -8,10 +8,10 @@
 #include <mirror/backend/collective.hpp>
 #include <mirror/backend/generic_collectives.hpp>
 #include <mirror/backend/segment_list.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/reduce_op.hpp>
 #include <span>
 #include <stdexcept>
-#include <string>
 #include <utility>
 
 namespace mirror::ops {
@@ -41,8 +41,10 @@ struct HierarchicalCopy {
   template <class Rt>
   void validate(const Rt&) const {
     if (num_packs < 0) {
-      throw std::invalid_argument("mirror::ops::HierarchicalCopy{.num_packs = " + std::to_string(num_packs) +
-                                  "}: num_packs must be >= 0 (0 = one pack per leaf)");
+      throw std::invalid_argument(detail::format("mirror::ops::HierarchicalCopy{.num_packs = %d}: num_packs must be "
+                                                 ">= 0 (0 = one pack per leaf)",
+                                                 num_packs)
+                                      .c_str());
     }
   }
 

@@ -8,10 +8,10 @@
 #include <mirror/backend/collective.hpp>
 #include <mirror/backend/generic_collectives.hpp>
 #include <mirror/backend/segment_list.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/reduce_op.hpp>
 #include <span>
 #include <stdexcept>
-#include <string>
 
 namespace mirror::ops {
 
@@ -42,10 +42,11 @@ struct ReductionToOneDevice {
   template <class Rt>
   void validate(const Rt& rt) const {
     if (reduce_to < 0 || reduce_to >= rt.num_replicas()) {
-      throw std::invalid_argument(
-          "mirror::ops::ReductionToOneDevice{.reduce_to = " + std::to_string(reduce_to) +
-          "}: the strategy has " + std::to_string(rt.num_replicas()) + " replicas; reduce_to must be in 0.." +
-          std::to_string(rt.num_replicas() - 1));
+      const int n = static_cast<int>(rt.num_replicas());
+      throw std::invalid_argument(detail::format("mirror::ops::ReductionToOneDevice{.reduce_to = %d}: the strategy has "
+                                                 "%d replicas; reduce_to must be in 0..%d",
+                                                 reduce_to, n, n - 1)
+                                      .c_str());
     }
   }
 
