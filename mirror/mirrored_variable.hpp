@@ -15,6 +15,7 @@
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/variable_value_checks.hpp>
 #include <mirror/backend/cut_of.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/error.hpp>
@@ -37,18 +38,7 @@ namespace mirror {
 /// is changed).
 template <class T>
 class MirroredVariable {
-  static_assert(nest<T>, "mirror::MirroredVariable<T>: T must be a nest (mirror/concepts/nest.hpp)");
-  static_assert(detail::all_leaves_own<T>(),
-                "mirror::MirroredVariable<T>: a variable owns its copies; use owning leaves (std::vector, "
-                "std::array, mirror::matrix, scalars), not std::span or mirror::matrix_view");
-  // Cross-replica reads and updates of a variable run on the host (value(), assign, the
-  // aggregation): GPU memory there would be a host read of device memory
-  // (docs/cuda.md#device-values-on-the-host).
-  static_assert(!detail::has_device_leaf<T>(),
-                "mirror::MirroredVariable<T>: variables of device-resident leaves (mirror::cuda::device_span, "
-                "thrust::device_vector) are not supported; keep the variable in host leaves (std::vector: "
-                "devices::Cuda stages them to each replica's device for collectives) or keep device state in "
-                "PerReplica values reduced with ctx.all_reduce");
+  static_assert(detail::variable_value_checks<T>::ok);
 
  public:
   using value_type = T;  ///< the type of each copy

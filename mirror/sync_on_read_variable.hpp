@@ -14,6 +14,7 @@
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/host_reduce.hpp>
 #include <mirror/detail/leaf_math.hpp>
+#include <mirror/detail/variable_value_checks.hpp>
 #include <mirror/error.hpp>
 #include <mirror/variable_aggregation.hpp>
 
@@ -35,18 +36,7 @@ namespace mirror {
 /// collective that every worker calls in the same order.
 template <class T>
 class SyncOnReadVariable {
-  static_assert(nest<T>, "mirror::SyncOnReadVariable<T>: T must be a nest (mirror/concepts/nest.hpp)");
-  static_assert(detail::all_leaves_own<T>(),
-                "mirror::SyncOnReadVariable<T>: a variable owns its copies; use owning leaves (std::vector, "
-                "std::array, mirror::matrix, scalars), not std::span or mirror::matrix_view");
-  // Cross-replica reads and updates of a variable run on the host (value(), assign, the
-  // aggregation): GPU memory there would be a host read of device memory
-  // (docs/cuda.md#device-values-on-the-host).
-  static_assert(!detail::has_device_leaf<T>(),
-                "mirror::SyncOnReadVariable<T>: variables of device-resident leaves (mirror::cuda::device_span, "
-                "thrust::device_vector) are not supported; keep the variable in host leaves (std::vector: "
-                "devices::Cuda stages them to each replica's device for collectives) or keep device state in "
-                "PerReplica values reduced with ctx.all_reduce");
+  static_assert(detail::variable_value_checks<T>::ok);
 
  public:
   using value_type = T;  ///< the type of each copy
