@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+#include <mirror/detail/format.hpp>
 #include <mirror/error.hpp>
 
 namespace mirror::cuda {
@@ -36,8 +37,8 @@ thread_local void* current = nullptr;  // set by bind() on the replica's thread
   // the thread's last error, where the next cudaGetLastError() (a kernel launch's check, the
   // caller's own) would report it again as its own failure.
   (void)cudaGetLastError();
-  throw backend_error("mirror::devices::Cuda: " + what + " failed: " + cudaGetErrorName(e) + " (" +
-                          cudaGetErrorString(e) + ")",
+  throw backend_error(detail::format("mirror::devices::Cuda: %s failed: %s (%s)", what.c_str(), cudaGetErrorName(e),
+                                     cudaGetErrorString(e)),
                       static_cast<long>(e));
 }
 
@@ -139,7 +140,7 @@ void grow(buffer& b, std::size_t bytes, int device, state& s, int only_replica) 
   const std::size_t want = std::max<std::size_t>(256, bytes + bytes / 4);
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, want);
-  if (e != cudaSuccess) fail(e, "cudaMalloc of " + std::to_string(want) + " bytes on device " + std::to_string(device));
+  if (e != cudaSuccess) fail(e, detail::format("cudaMalloc of %zu bytes on device %d", want, device).c_str());
   b = {p, want};
 }
 
@@ -151,15 +152,16 @@ state* create_state(std::span<const int> gpus, int replicas_per_gpu) {
   if (e != cudaSuccess || count == 0) {
     const cudaError_t why = e != cudaSuccess ? e : cudaErrorNoDevice;
     (void)cudaGetLastError();
-    throw backend_error(std::string("mirror::devices::Cuda: no usable CUDA device (cudaGetDeviceCount: ") +
-                            cudaGetErrorName(why) + ": " + cudaGetErrorString(why) +
-                            "); run on mirror::devices::Threads, or let mirror::cuda::with_available_device "
-                            "choose at run time",
+    throw backend_error(detail::format("mirror::devices::Cuda: no usable CUDA device (cudaGetDeviceCount: %s: %s); run "
+                                       "on mirror::devices::Threads, or let mirror::cuda::with_available_device choose "
+                                       "at run time",
+                                       cudaGetErrorName(why), cudaGetErrorString(why)),
                         static_cast<long>(why));
   }
   if (replicas_per_gpu < 1) {
-    throw std::invalid_argument("mirror::devices::Cuda{.replicas_per_gpu = " + std::to_string(replicas_per_gpu) +
-                                "}: replicas_per_gpu must be >= 1");
+    throw std::invalid_argument(
+        detail::format("mirror::devices::Cuda{.replicas_per_gpu = %d}: replicas_per_gpu must be >= 1", replicas_per_gpu)
+            .c_str());
   }
   std::unique_ptr<state> s(new state);
   s->per_gpu = replicas_per_gpu;
@@ -168,14 +170,16 @@ state* create_state(std::span<const int> gpus, int replicas_per_gpu) {
   } else {
     for (const int g : gpus) {
       if (g < 0 || g >= count) {
-        throw std::invalid_argument("mirror::devices::Cuda{.gpus}: GPU " + std::to_string(g) + " does not exist; this " +
-                                    "process sees " + std::to_string(count) + " (ordinals 0.." +
-                                    std::to_string(count - 1) + ", after CUDA_VISIBLE_DEVICES)");
+        throw std::invalid_argument(detail::format("mirror::devices::Cuda{.gpus}: GPU %d does not exist; this process "
+                                                   "sees %d (ordinals 0..%d, after CUDA_VISIBLE_DEVICES)",
+                                                   g, count, count - 1)
+                                        .c_str());
       }
       if (std::find(s->gpus.begin(), s->gpus.end(), g) != s->gpus.end()) {
-        throw std::invalid_argument("mirror::devices::Cuda{.gpus}: GPU " + std::to_string(g) +
-                                    " is listed twice; list each GPU once and set .replicas_per_gpu for several "
-                                    "replicas on one GPU");
+        throw std::invalid_argument(detail::format("mirror::devices::Cuda{.gpus}: GPU %d is listed twice; list each GPU "
+                                                   "once and set .replicas_per_gpu for several replicas on one GPU",
+                                                   g)
+                                        .c_str());
       }
       s->gpus.push_back(g);
     }
@@ -259,7 +263,7 @@ void throw_bind_error(state& s) {
     s.bind_error = cudaSuccess;
     s.bind_replica = -1;
   }
-  fail(e, "cudaSetDevice for replica " + std::to_string(r));
+  fail(e, detail::format("cudaSetDevice for replica %d", r).c_str());
 }
 
 void begin_parallel(state& s) noexcept {
@@ -441,7 +445,7 @@ void* buffer_allocate(int device, std::size_t bytes) {
   const device_guard on(device);
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
-  if (e != cudaSuccess) fail(e, "cudaMalloc of " + std::to_string(bytes) + " bytes on device " + std::to_string(device));
+  if (e != cudaSuccess) fail(e, detail::format("cudaMalloc of %zu bytes on device %d", bytes, device).c_str());
   return p;
 }
 

@@ -57,8 +57,10 @@ unsigned share_of_host_cores(MPI_Comm comm) {
 group::group(const group_options& o) : impl_(new impl()) {
   impl& m = *impl_;
   if (o.timeout.count() <= 0) {
-    throw std::invalid_argument("mirror::devices::Cluster{.timeout = " + std::to_string(o.timeout.count()) +
-                                " ms}: the cross-worker timeout must be positive");
+    throw std::invalid_argument(detail::format("mirror::devices::Cluster{.timeout = %lld ms}: the cross-worker timeout "
+                                               "must be positive",
+                                               static_cast<long long>(o.timeout.count()))
+                                    .c_str());
   }
   m.timeout = o.timeout;
   m.validate = o.validate_shapes;
@@ -79,11 +81,13 @@ group::group(const group_options& o) : impl_(new impl()) {
   MPI_Query_thread(&provided);
   if (provided < MPI_THREAD_SERIALIZED) {
     throw std::invalid_argument(
-        "mirror::devices::Cluster: MPI was initialised with thread level " + std::to_string(provided) +
-        ", below MPI_THREAD_SERIALIZED; mirror makes its MPI calls on its own communication thread (never two at "
-        "once), which needs at least MPI_THREAD_SERIALIZED. Initialise MPI with MPI_Init_thread(..., "
-        "MPI_THREAD_MULTIPLE, ...) (needed anyway if your code calls MPI while a strategy exists), or let mirror "
-        "initialise it");
+        detail::format(
+            "mirror::devices::Cluster: MPI was initialised with thread level %d, below MPI_THREAD_SERIALIZED; mirror "
+            "makes its MPI calls on its own communication thread (never two at once), which needs at least "
+            "MPI_THREAD_SERIALIZED. Initialise MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) (needed anyway "
+            "if your code calls MPI while a strategy exists), or let mirror initialise it",
+            provided)
+            .c_str());
   }
   make_floating_ops();
   static_assert(sizeof(MPI_Comm) <= sizeof(std::uint64_t));
@@ -99,10 +103,10 @@ group::group(const group_options& o) : impl_(new impl()) {
         int size = 0, rank = 0;
         MPI_Comm_size(comm, &size);
         MPI_Comm_rank(comm, &rank);
-        throw timeout_error("mirror::devices::Cluster: not every worker of the communicator built its strategy "
-                            "within " + std::to_string(m.timeout.count()) + " ms (worker " + std::to_string(rank) +
-                                " of " + std::to_string(size) + " waited in " + call + "); every worker must "
-                                "construct it, in the same order",
+        throw timeout_error(detail::format("mirror::devices::Cluster: not every worker of the communicator built its "
+                                           "strategy within %lld ms (worker %d of %d waited in %s); every worker must "
+                                           "construct it, in the same order",
+                                           static_cast<long long>(m.timeout.count()), rank, size, call),
                             {});
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -161,15 +165,16 @@ group::group(const group_options& o) : impl_(new impl()) {
     check(MPI_Allgather(&m.R, 1, MPI_INT, all.data(), 1, MPI_INT, m.data), "MPI_Allgather (replica count check)");
     std::string text;
     for (int p = 0; p < m.W; ++p) {
-      text += (p == 0 ? "" : ", ") + std::string("worker ") + std::to_string(p) + " has " +
-              std::to_string(all[static_cast<std::size_t>(p)]);
+      text += detail::format("%sworker %d has %d", p == 0 ? "" : ", ", p, all[static_cast<std::size_t>(p)]).c_str();
     }
     m.ring_algorithm.close();
     MPI_Comm_free(&m.data);
     MPI_Comm_free(&m.control);
-    throw std::invalid_argument("mirror::devices::Cluster: the workers have different numbers of local replicas (" +
-                                text + "); every worker must use the same local device settings (TF: \"every "
-                                "worker to have the same number of replicas\")");
+    throw std::invalid_argument(detail::format("mirror::devices::Cluster: the workers have different numbers of local "
+                                               "replicas (%s); every worker must use the same local device settings "
+                                               "(TF: \"every worker to have the same number of replicas\")",
+                                               text.c_str())
+                                    .c_str());
   }
   // Every worker is here (the check above completed): the blocking calls cannot hang.
   m.cores = share_of_host_cores(m.data);
@@ -207,8 +212,10 @@ void group::check_all_reduce(std::size_t count, detail::element_kind kind, Reduc
 void group::all_reduce(void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
                        bool checked) {
   if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    throw std::invalid_argument(std::string(what) + ": " + std::to_string(count) +
-                                " elements in one cross-worker all-reduce exceed MPI's int count; split the leaf");
+    throw std::invalid_argument(
+        detail::format("%s: %zu elements in one cross-worker all-reduce exceed MPI's int count; split the leaf", what,
+                       count)
+            .c_str());
   }
   impl::job j{impl::job::reduce, data, count, kind, op, 0, what, checked, nullptr};
   j.in_worker_order = impl_->in_worker_order(kind);
@@ -226,8 +233,9 @@ void group::check_broadcast(const std::size_t* shape, std::size_t num_leaves, in
 
 void group::broadcast(void* data, std::size_t bytes, int root, const char* what) {
   if (bytes > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    throw std::invalid_argument(std::string(what) + ": " + std::to_string(bytes) +
-                                " bytes in one cross-worker broadcast exceed MPI's int count; split the leaf");
+    throw std::invalid_argument(
+        detail::format("%s: %zu bytes in one cross-worker broadcast exceed MPI's int count; split the leaf", what, bytes)
+            .c_str());
   }
   impl::job j{impl::job::bcast, data, bytes, {}, ReduceOp::sum, root, what, false, nullptr};
   impl_->run(j);
@@ -238,8 +246,10 @@ void group::reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::s
   std::size_t total = 0;
   for (std::size_t k = 0; k < num_leaves; ++k) total += leaf_sizes[k];
   if (total > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    throw std::invalid_argument(std::string(what) + ": " + std::to_string(total) +
-                                " elements in one cross-worker reduce-scatter exceed MPI's int count; split the leaf");
+    throw std::invalid_argument(
+        detail::format("%s: %zu elements in one cross-worker reduce-scatter exceed MPI's int count; split the leaf",
+                       what, total)
+            .c_str());
   }
   impl::job j{impl::job::scatter, const_cast<void*>(in), total, kind, op, 0, what, false, nullptr};
   j.in_worker_order = impl_->in_worker_order(kind);

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 #include <mirror/backend/cut_of.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/detail/worker_group.hpp>
 #include <mirror/error.hpp>
 
@@ -64,8 +65,8 @@ progress classify(int call_result, int async_state) noexcept {
 namespace {
 
 [[noreturn]] void fail_nccl(ncclResult_t r, const std::string& what) {
-  throw backend_error("mirror::ops::NcclAllReduce: " + what + " failed: ncclResult_t " + std::to_string(r) + " (" +
-                          ncclGetErrorString(r) + ")",
+  throw backend_error(detail::format("mirror::ops::NcclAllReduce: %s failed: ncclResult_t %d (%s)", what.c_str(),
+                                     static_cast<int>(r), ncclGetErrorString(r)),
                       static_cast<long>(r));
 }
 void check_nccl(ncclResult_t r, const char* what) {
@@ -266,17 +267,20 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
       ncclResult_t state = ncclSuccess;
       const progress p = poll(*c, rank, state);
       if (p == progress::done) break;
-      if (p == progress::failed) fail_nccl(state, "ncclCommInitRankConfig (rank " + std::to_string(c->first_rank + i) + ")");
+      if (p == progress::failed) {
+        fail_nccl(state, detail::format("ncclCommInitRankConfig (rank %d)", c->first_rank + i).c_str());
+      }
       if (std::chrono::steady_clock::now() >= deadline) {
         std::vector<int> all(static_cast<std::size_t>(n));
         for (int r = 0; r < n; ++r) all[static_cast<std::size_t>(r)] = c->first_rank + r;
-        throw timeout_error("mirror::ops::NcclAllReduce: creating the communicators took longer than " +
-                                std::to_string(timeout.count()) + " ms" +
-                                (num_workers > 1 ? " (" + std::to_string(c->nranks) + " ranks over " +
-                                                       std::to_string(num_workers) + " workers)"
-                                                 : std::string()) +
-                                "; they were aborted",
-                            all);
+        throw timeout_error(
+            detail::format("mirror::ops::NcclAllReduce: creating the communicators took longer than %lld ms%s; they "
+                           "were aborted",
+                           static_cast<long long>(timeout.count()),
+                           num_workers > 1
+                               ? detail::format(" (%d ranks over %d workers)", c->nranks, num_workers).c_str()
+                               : ""),
+            all);
       }
       if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -354,17 +358,17 @@ void enqueue_group(comms& c, int rank, cudaStream_t s, std::chrono::milliseconds
     }
     abort_all(c);
     std::string names;
-    for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
-    throw timeout_error("mirror::ops::NcclAllReduce: replica " + std::to_string(c.first_rank + rank) + " waited " +
-                            std::to_string(timeout.count()) + " ms " + stage + "; replicas {" + names +
-                            "} had not enqueued it" +
-                            (missing.empty() ? (c.nranks > static_cast<int>(c.comm.size())
-                                                    ? " (all of this worker's had: the GPUs, links or other workers did "
-                                                      "not complete it)"
-                                                    : " (all had: the GPUs or links did not complete it)")
-                                             : "") +
-                            "; the communicators were aborted",
-                        missing);
+    for (int r : missing) names += detail::format("%s%d", names.empty() ? "" : ", ", r).c_str();
+    throw timeout_error(
+        detail::format("mirror::ops::NcclAllReduce: replica %d waited %lld ms %s; replicas {%s} had not enqueued it%s; "
+                       "the communicators were aborted",
+                       c.first_rank + rank, static_cast<long long>(timeout.count()), stage.c_str(), names.c_str(),
+                       missing.empty() ? (c.nranks > static_cast<int>(c.comm.size())
+                                              ? " (all of this worker's had: the GPUs, links or other workers did "
+                                                "not complete it)"
+                                              : " (all had: the GPUs or links did not complete it)")
+                                       : ""),
+        missing);
   };
   // The watchdog, deferred: earlier collectives of this rank that have finished are retired; one
   // past its deadline aborts the communicators. When the ring is full, wait for the oldest.
@@ -570,9 +574,10 @@ void all_gather(comms& c, int rank, void* stream, cuda::element_type type, std::
   const std::size_t n_ranks = static_cast<std::size_t>(c.nranks), k_leaves = in.size();
   const int g = c.first_rank + rank;
   if (counts.size() != n_ranks * k_leaves) {
-    throw std::invalid_argument("mirror::nccl::impl::all_gather: counts has " + std::to_string(counts.size()) +
-                                " entries, not ranks * leaves = " + std::to_string(n_ranks * k_leaves) +
-                                "; pass every rank's count of every leaf");
+    throw std::invalid_argument(detail::format("mirror::nccl::impl::all_gather: counts has %zu entries, not ranks * "
+                                               "leaves = %zu; pass every rank's count of every leaf",
+                                               counts.size(), n_ranks * k_leaves)
+                                    .c_str());
   }
   const std::size_t es = element_bytes(type);
   enqueue_group(

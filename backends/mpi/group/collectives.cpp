@@ -8,8 +8,10 @@ namespace mirror::mpi {
 
 std::string group::impl::where_of(const job& j) {
   if (j.position.sequence == 0) return j.what;
-  return "collective #" + std::to_string(j.position.sequence) + " (" +
-         detail::to_string(j.position.kind, j.position.param).text + ") of fn, its cross-worker step";
+  return detail::format("collective #%llu (%s) of fn, its cross-worker step",
+                        static_cast<unsigned long long>(j.position.sequence),
+                        detail::to_string(j.position.kind, j.position.param).text)
+      .c_str();
 }
 
 void group::impl::execute(job& j) {
@@ -174,9 +176,10 @@ void group::impl::scatter(job& j) {
   const std::size_t block = *std::max_element(per.begin(), per.end());
   const std::size_t mine = per[static_cast<std::size_t>(w)];
   if (block > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    throw std::invalid_argument(std::string(j.what) + ": " + std::to_string(block) +
-                                " elements per worker in one cross-worker reduce-scatter exceed MPI's int count; "
-                                "split the leaf");
+    throw std::invalid_argument(detail::format("%s: %zu elements per worker in one cross-worker reduce-scatter exceed "
+                                               "MPI's int count; split the leaf",
+                                               j.what, block)
+                                    .c_str());
   }
   // One leaf whose ranges are equal is already laid out as W blocks: sent as it is.
   const bool direct = K == 1 && std::all_of(per.begin(), per.end(), [&](std::size_t c) { return c == block; });
@@ -224,9 +227,10 @@ void group::impl::gather(job& j) {
   const std::size_t block = *std::max_element(per.begin(), per.end());
   if (block == 0) return sync(j);  // nothing anywhere (every worker has the same counts)
   if (block > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    throw std::invalid_argument(std::string(j.what) + ": " + std::to_string(block) +
-                                " bytes per worker in one cross-worker all-gather exceed MPI's int count; split the "
-                                "leaf");
+    throw std::invalid_argument(detail::format("%s: %zu bytes per worker in one cross-worker all-gather exceed MPI's "
+                                               "int count; split the leaf",
+                                               j.what, block)
+                                    .c_str());
   }
   MPI_Request request = MPI_REQUEST_NULL;
   if (K == 1 && std::all_of(per.begin(), per.end(), [&](std::size_t c) { return c == block; })) {
@@ -354,7 +358,7 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
   constexpr std::size_t D = description_words;
   const auto desc = [&](int p) { return &all[D * static_cast<std::size_t>(p)]; };
   const auto replicas_of = [&](int p) {
-    return "replicas " + std::to_string(p * R) + ".." + std::to_string(p * R + R - 1);
+    return detail::format("replicas %d..%d", p * R, p * R + R - 1);
   };
   // Where each worker is: what its cross-worker step moves, then the user's call.
   std::string table;
@@ -362,25 +366,37 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
   for (int p = 0; p < W; ++p) {
     const std::int64_t* d = desc(p);
     described_alike = described_alike && std::equal(d, d + 6, desc(0)) && std::equal(d + 7, d + D, desc(0) + 7);
-    table += (p == 0 ? " " : "; ") + std::string("worker ") + std::to_string(p) + " (" + replicas_of(p) + ") ";
+    table += detail::format("%sworker %d (%s) ", p == 0 ? " " : "; ", p, replicas_of(p).c_str()).c_str();
     const detail::element_kind k{static_cast<detail::element_kind::category>(d[1] >> 8),
                                  static_cast<std::uint8_t>(d[1] & 0xff)};
-    const std::string leaves = " in " + std::to_string(d[3] >> 8) + " leaves";
-    const std::string order = (d[2] % 200) >= 100 ? " in worker order (MpiAllReduce{.deterministic = true})" : "";
+    const detail::message leaves = detail::format(" in %lld leaves", static_cast<long long>(d[3] >> 8));
+    const char* const order = (d[2] % 200) >= 100 ? " in worker order (MpiAllReduce{.deterministic = true})" : "";
     switch (d[3] & 0xff) {
       case 1:
-        table += "broadcasts " + (d[0] != 0 ? std::to_string(d[0]) + " bytes " : std::string()) + "from worker " +
-                 std::to_string(d[2] - 1000);
+        table += (d[0] != 0 ? detail::format("broadcasts %lld bytes from worker %lld", static_cast<long long>(d[0]),
+                                             static_cast<long long>(d[2] - 1000))
+                            : detail::format("broadcasts from worker %lld", static_cast<long long>(d[2] - 1000)))
+                     .c_str();
         break;
-      case 2:
-        table += "reduce-scatters " + std::to_string(d[0]) + " " + kind_name(k) + " elements" + leaves + " with " +
-                 std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) + order;
+      case 2: {
+        const std::string_view op = mirror::to_string(static_cast<ReduceOp>(d[2] % 100));
+        table += detail::format("reduce-scatters %lld %s elements%s with %.*s%s", static_cast<long long>(d[0]),
+                                kind_name(k).c_str(), leaves.c_str(), static_cast<int>(op.size()), op.data(), order)
+                     .c_str();
         break;
-      case 3: table += "all-gathers " + std::to_string(d[0]) + " bytes of " + kind_name(k) + " elements" + leaves; break;
-      case 4: table += "all-gathers " + std::to_string(d[0]) + " counts per worker"; break;
-      default:
-        table += "reduces " + std::to_string(d[0]) + " " + kind_name(k) + " elements with " +
-                 std::string(mirror::to_string(static_cast<ReduceOp>(d[2] % 100))) + order;
+      }
+      case 3:
+        table += detail::format("all-gathers %lld bytes of %s elements%s", static_cast<long long>(d[0]),
+                                kind_name(k).c_str(), leaves.c_str())
+                     .c_str();
+        break;
+      case 4: table += detail::format("all-gathers %lld counts per worker", static_cast<long long>(d[0])).c_str(); break;
+      default: {
+        const std::string_view op = mirror::to_string(static_cast<ReduceOp>(d[2] % 100));
+        table += detail::format("reduces %lld %s elements with %.*s%s", static_cast<long long>(d[0]),
+                                kind_name(k).c_str(), static_cast<int>(op.size()), op.data(), order)
+                     .c_str();
+      }
     }
     std::string what(reinterpret_cast<const char*>(d + 7), what_words * sizeof(std::int64_t));
     what.resize(std::strlen(what.c_str()));
@@ -389,8 +405,9 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
     if (d[4] == 0) {
       table += ", in " + what + " called outside fn";
     } else {
-      table += ", at collective #" + std::to_string(d[4]) + " (" + detail::to_string(call_kind, call_param).text +
-               ") of fn (" + what + ")";
+      table += detail::format(", at collective #%lld (%s) of fn (%s)", static_cast<long long>(d[4]),
+                              detail::to_string(call_kind, call_param).text, what.c_str())
+                   .c_str();
     }
   }
   // Phases: odd inside a run. Workers ahead of one that is inside a run have returned from that
@@ -402,7 +419,7 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
   std::string ahead, behind;
   for (int p = 0; p < W; ++p) {
     std::string& list = desc(p)[6] > lowest ? ahead : behind;
-    list += (list.empty() ? "" : ", ") + std::to_string(p);
+    list += detail::format("%s%d", list.empty() ? "" : ", ", p).c_str();
     if (desc(p)[6] > lowest) {
       for (int r = 0; r < R; ++r) missing.push_back(p * R + r);
     }
@@ -411,11 +428,12 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
   std::exception_ptr e;
   if ((lowest & 1) != 0 && !missing.empty()) {
     std::string names;
-    for (const int m : missing) names += (names.empty() ? "" : ", ") + std::to_string(m);
+    for (const int m : missing) names += detail::format("%s%d", names.empty() ? "" : ", ", m).c_str();
     e = std::make_exception_ptr(timeout_error(
-        "mirror: replicas {" + names + "} (workers " + ahead + ") returned from fn without reaching the collective "
-        "that workers " + behind + " wait in, and made a later call:" + table +
-        "; every replica of every worker must make the same collective calls",
+        detail::format("mirror: replicas {%s} (workers %s) returned from fn without reaching the collective that "
+                       "workers %s wait in, and made a later call:%s; every replica of every worker must make the "
+                       "same collective calls",
+                       names.c_str(), ahead.c_str(), behind.c_str(), table.c_str()),
         missing));
   } else {
     std::string text = "mirror: the workers disagree on a cross-worker collective:" + table;

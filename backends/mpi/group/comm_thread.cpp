@@ -217,28 +217,32 @@ void group::impl::time_out(clock::time_point start, const char*) {
   for (int p = 0; p < W; ++p) {
     const std::int64_t got = replies[static_cast<std::size_t>(p)];
     if (got >= seq) continue;
-    (got < 0 ? unreachable : late) += (got < 0 ? (unreachable.empty() ? "" : ", ") : (late.empty() ? "" : ", ")) +
-                                      std::to_string(p);
+    (got < 0 ? unreachable : late) +=
+        detail::format("%s%d", got < 0 ? (unreachable.empty() ? "" : ", ") : (late.empty() ? "" : ", "), p).c_str();
     for (int r = 0; r < R; ++r) missing.push_back(p * R + r);
   }
   std::string names;
-  for (int m : missing) names += (names.empty() ? "" : ", ") + std::to_string(m);
+  for (int m : missing) names += detail::format("%s%d", names.empty() ? "" : ", ", m).c_str();
   const auto limit = static_cast<long long>(timeout.count());
-  std::string text = "mirror: worker " + std::to_string(w);
+  std::string text = detail::format("mirror: worker %d", w).c_str();
   if (remote && remote->why == broken_state::timeout) {
-    text += " waited " + std::to_string(waited) + " ms in " + where + " until worker " +
-            std::to_string(remote->replica / R) + " gave up waiting for it";
+    text += detail::format(" waited %lld ms in %s until worker %d gave up waiting for it", static_cast<long long>(waited),
+                           where.c_str(), remote->replica / R)
+                .c_str();
   } else {
-    text += " waited for the timeout of " + std::to_string(limit) + " ms (devices::Cluster{.timeout})";
+    text += detail::format(" waited for the timeout of %lld ms (devices::Cluster{.timeout})", limit).c_str();
     // A wait restarts after a recovery from another worker's failure; say so when it shows.
-    if (waited > limit + limit / 10 + 100) text += " (" + std::to_string(waited) + " ms in all, with a recovery)";
+    if (waited > limit + limit / 10 + 100) {
+      text += detail::format(" (%lld ms in all, with a recovery)", static_cast<long long>(waited)).c_str();
+    }
     text += " in " + where;
   }
   text += "; replicas {" + names + "} did not reach this collective";
   if (!late.empty()) text += " (workers " + late + " answered: they are at an earlier collective or computing)";
   if (!unreachable.empty()) {
-    text += " (workers " + unreachable + " did not answer within " +
-            std::to_string(std::min<long long>(limit, 5000)) + " ms either: busy outside mirror, or gone)";
+    text += detail::format(" (workers %s did not answer within %lld ms either: busy outside mirror, or gone)",
+                           unreachable.c_str(), std::min<long long>(limit, 5000))
+                .c_str();
   }
   if (missing.empty()) text += " (every worker says it arrived: the network is slow or partitioned)";
   text += "; raise devices::Cluster{.timeout} if they are just slow";
@@ -322,7 +326,7 @@ void group::impl::serve_control() {
       s.replica = static_cast<int>(head[1]);
       const std::string text(bytes.begin() + static_cast<std::ptrdiff_t>(std::min(bytes.size(), sizeof head)),
                              bytes.end());
-      s.text = "mirror: worker " + std::to_string(from) + " gave up waiting for this worker: " + text;
+      s.text = detail::format("mirror: worker %d gave up waiting for this worker: ", from).c_str() + text;
       remote = s;
     }
   }

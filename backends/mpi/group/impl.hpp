@@ -40,6 +40,7 @@
 #include <mirror/concepts/device.hpp>  // backend::collective_cancelled_rethrow_me
 #include <mirror/backend/collective.hpp>
 #include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/backend/cut_of.hpp>
 #include <mirror/error.hpp>
 
@@ -98,8 +99,8 @@ inline void check(int code, const char* call, const char* what = nullptr) {
 inline void fail(int code, const std::string& call) {
   int cls = code;
   MPI_Error_class(code, &cls);
-  throw backend_error("mirror::devices::Cluster: " + call + " failed with MPI error " + std::to_string(code) +
-                          " (class " + std::to_string(cls) + "): " + error_text(code),
+  throw backend_error(detail::format("mirror::devices::Cluster: %s failed with MPI error %d (class %d): %s", call.c_str(),
+                                     code, cls, error_text(code).c_str()),
                       code);
 }
 
@@ -118,7 +119,7 @@ inline MPI_Datatype datatype_of(detail::element_kind k) {
 inline std::string kind_name(detail::element_kind k) {
   using C = detail::element_kind::category;
   const char* base = k.cat == C::floating ? "float" : k.cat == C::signed_integer ? "int" : "uint";
-  return base + std::to_string(8 * k.bytes);
+  return detail::format("%s%d", base, 8 * k.bytes).c_str();
 }
 
 // min and max of floating-point values as everywhere in mirror (detail::minimum, maximum: a NaN

@@ -18,7 +18,7 @@ void group::impl::throw_failure() {
   switch (failure.kind) {
     case failed_shape: throw shape_error(failure.text);
     case failed_timeout: throw timeout_error(failure.text, failure.missing);
-    default: throw replica_error(failure.replica, "worker " + std::to_string(from) + ": " + failure.text);
+    default: throw replica_error(failure.replica, detail::format("worker %d: %s", from, failure.text.c_str()).c_str());
   }
 }
 
@@ -182,8 +182,10 @@ void group::impl::post_dummy(const posted_op& o, dummy& d) {
       return;
     }
     default:
-      throw backend_error("mirror::devices::Cluster: recovery from a failed run: another worker reports a "
-                          "collective of unknown kind " + std::to_string(o.kind), -1);
+      throw backend_error(detail::format("mirror::devices::Cluster: recovery from a failed run: another worker reports "
+                                         "a collective of unknown kind %lld",
+                                         static_cast<long long>(o.kind)),
+                          -1);
   }
 }
 
@@ -218,9 +220,10 @@ void group::impl::recover(std::int64_t failed, MPI_Request* interrupted) {
   std::vector<dummy> dummies;
   if (own < most) {
     if (sequence != own) {
-      fail_recovery("this worker has posted later collectives (" + std::to_string(sequence - own) +
-                    ") than the failed run's, while another posted " + std::to_string(most - own) +
-                    " more of the failed run's: the workers' programs diverged");
+      fail_recovery(detail::format("this worker has posted later collectives (%lld) than the failed run's, while "
+                                   "another posted %lld more of the failed run's: the workers' programs diverged",
+                                   static_cast<long long>(sequence - own), static_cast<long long>(most - own))
+                        .c_str());
     }
     const std::int64_t outer_phase = job_phase;
     job_phase = failed;
@@ -234,7 +237,8 @@ void group::impl::recover(std::int64_t failed, MPI_Request* interrupted) {
       }
       if (found == nullptr) {
         job_phase = outer_phase;
-        fail_recovery("no worker described collective " + std::to_string(k) + " of the failed run");
+        fail_recovery(
+            detail::format("no worker described collective %lld of the failed run", static_cast<long long>(k)).c_str());
       }
       post_dummy(*found, dummies[static_cast<std::size_t>(k - own - 1)]);
     }
@@ -301,7 +305,7 @@ void group::impl::give_up(std::int64_t failed, clock::time_point start, const ch
   for (int p = 0; p < W; ++p) {
     if (got[static_cast<std::size_t>(p)].has_value() && dummies == nullptr) continue;
     if (p == w) continue;
-    names += (names.empty() ? "" : ", ") + std::to_string(p);
+    names += detail::format("%s%d", names.empty() ? "" : ", ", p).c_str();
     for (int r = 0; r < R; ++r) missing.push_back(p * R + r);
   }
   if (dummies != nullptr) {
@@ -312,9 +316,10 @@ void group::impl::give_up(std::int64_t failed, clock::time_point start, const ch
     }
   }
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
-  const std::string text = "mirror: worker " + std::to_string(w) + " waited " + std::to_string(waited) +
-                           " ms for workers {" + names + "} to " + step + " after a run failed; raise "
-                           "devices::Cluster{.timeout} if they are just slow";
+  const std::string text = detail::format("mirror: worker %d waited %lld ms for workers {%s} to %s after a run failed; "
+                                          "raise devices::Cluster{.timeout} if they are just slow",
+                                          w, static_cast<long long>(waited), names.c_str(), step)
+                               .c_str();
   std::lock_guard lock(mutex);
   broken = {broken_state::timeout, -1, text, missing};
   throw timeout_error(text, missing);
