@@ -121,7 +121,7 @@ class MirroredVariable {
                       "mirror::MirroredVariable::handle::update_sharded: grads and every state must have as many "
                       "leaves of each element type as the variable, in the same order");
         auto params = detail::leaves_of<E>(*copy_);
-        const auto g = detail::const_leaves_of<E>(grads);
+        const auto g = detail::leaves_of<E>(grads);
         for (std::size_t j = 0; j < params.size(); ++j) {
           const std::size_t cut = backend::cut_of(params[j].size(), n, r).second;
           if (g[j].size() != params[j].size()) {
@@ -146,7 +146,7 @@ class MirroredVariable {
       const Grads reduced = ctx_->reduce_scatter(op, grads);
       detail::for_each_type(detail::element_types_t<T>{}, [&]<class E>() {
         auto params = detail::leaves_of<E>(*copy_);
-        const auto g = detail::const_leaves_of<E>(reduced);
+        const auto g = detail::leaves_of<E>(reduced);
         const auto s = std::tuple{detail::leaves_of<E>(states)...};
         for (std::size_t j = 0; j < params.size(); ++j) {
           // (Not a structured binding: clang before 16 cannot capture one in a lambda.)

@@ -124,7 +124,7 @@ class ReplicaContext {
       for (std::size_t r = 0; r < all.size() / K; ++r) {
         for (std::size_t j = 0; j < at.size(); ++j) counts_of_e[r * at.size() + j] = all[r * K + at[j]];
       }
-      collectives_.template all_gather_leaves<E>(self_, detail::const_leaves_of<E>(value), counts_of_e,
+      collectives_.template all_gather_leaves<E>(self_, detail::leaves_of<E>(std::as_const(value)), counts_of_e,
                                                  detail::leaves_of<E>(result), nullptr);
     });
     return detail::access::synced(std::move(result));
@@ -441,7 +441,7 @@ class ReplicaContext {
     });
   }
 
-  /// The value a gather or scatter reads its inputs from: `value` itself where the replicas
+  /// The value reduce_scatter reads its inputs from: `value` itself where the replicas
   /// read host memory in place (nothing is written to it; spans are the caller's to change),
   /// else a copy in `copy` (a device that stages host leaves writes them back afterwards).
   template <class N, class T>

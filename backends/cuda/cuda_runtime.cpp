@@ -308,12 +308,12 @@ located attach(state& s, int self, void* host, std::size_t bytes) {
   return {b.ptr, me.device};
 }
 
-void detach(state& s, int self, located dev, void* host, std::size_t bytes) {
+void detach(state& s, int self, located dev, void* host, std::size_t bytes, bool copy_back) {
   replica_state& me = s.at(self);
   if (bytes == 0 || dev.ptr == host) return;
   const device_guard on(me.device);
-  // (host null: a read-only staged input, released without a copy.)
-  if (host != nullptr) {
+  // (Not copy_back: a read-only staged input, released without a copy.)
+  if (copy_back) {
     check(cudaMemcpyAsync(host, dev.ptr, bytes, cudaMemcpyDeviceToHost, me.stream), "cudaMemcpyAsync to the host");
   }
   if (--me.attached == 0) {

@@ -69,7 +69,7 @@ void begin_parallel(state&) noexcept;
 void before_arrival(state&, int self);
 void after_arrival(state&, int self);
 located attach(state&, int self, void* host, std::size_t bytes);
-void detach(state&, int self, located dev, void* host, std::size_t bytes);
+void detach(state&, int self, located dev, void* host, std::size_t bytes, bool copy_back);
 located scratch(state&, int self, std::size_t bytes);
 located stage_argument(state&, int self, std::size_t slot, const void* host, std::size_t bytes);
 void copy(state&, int self, located dst, located src, std::size_t bytes);
@@ -167,12 +167,8 @@ class runtime {
   template <class E>
   void detach(int self, pointer<E> p, std::span<E> leaf) {
     using T = std::remove_const_t<E>;
-    if constexpr (std::is_const_v<E>) {
-      if (p.ptr == leaf.data()) return;  // a device leaf, used in place: nothing was staged
-      impl::detach(*state_, self, impl::located{const_cast<T*>(p.ptr), p.device}, nullptr, leaf.size_bytes());
-    } else {
-      impl::detach(*state_, self, impl::located{p.ptr, p.device}, leaf.data(), leaf.size_bytes());
-    }
+    impl::detach(*state_, self, impl::located{const_cast<T*>(p.ptr), p.device}, const_cast<T*>(leaf.data()),
+                 leaf.size_bytes(), !std::is_const_v<E>);
   }
   /// `self`'s scratch space on its device for `n` elements, grown when needed.
   template <class E>

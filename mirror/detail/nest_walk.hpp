@@ -291,27 +291,15 @@ constexpr void for_each_type(type_list<Ts...>, F&& f) {
 }
 
 /// The elements of every leaf of element type E in a nest, in traversal order (one fused
-/// collective per element type walks these).
+/// collective per element type walks these): `std::span<E>`s, or `std::span<const E>`s of a
+/// const nest (the inputs of a collective that only reads them).
 template <class E, class N>
-std::array<std::span<E>, leaf_count<N, E>()> leaves_of(N& nest) {
-  std::array<std::span<E>, leaf_count<N, E>()> out{};
+auto leaves_of(N& nest) {
+  using S = std::conditional_t<std::is_const_v<N>, const E, E>;
+  std::array<std::span<S>, leaf_count<std::remove_const_t<N>, E>()> out{};
   std::size_t i = 0;
   for_each_leaf(
       [&](auto& l) {
-        using L = std::remove_cvref_t<decltype(l)>;
-        if constexpr (std::is_same_v<leaf_element_t<L>, E>) out[i++] = leaf_traits<L>::elements(l);
-      },
-      nest);
-  return out;
-}
-
-/// The same, read-only: the inputs of a collective that only reads them.
-template <class E, class N>
-std::array<std::span<const E>, leaf_count<N, E>()> const_leaves_of(const N& nest) {
-  std::array<std::span<const E>, leaf_count<N, E>()> out{};
-  std::size_t i = 0;
-  for_each_leaf(
-      [&](const auto& l) {
         using L = std::remove_cvref_t<decltype(l)>;
         if constexpr (std::is_same_v<leaf_element_t<L>, E>) out[i++] = leaf_traits<L>::elements(l);
       },
