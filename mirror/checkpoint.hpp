@@ -154,7 +154,7 @@ void serialise(std::vector<char>& out, const T& value) {
         using E = leaf_element_t<L>;
         const auto e = leaf_traits<L>::elements(l);
         const element_kind k = element_kind_of<E>();
-        const std::uint64_t head[2] = {static_cast<std::uint64_t>(k.cat) << 8 | k.bytes, e.size()};
+        const std::uint64_t head[2] = {k.code(), e.size()};
         out.insert(out.end(), reinterpret_cast<const char*>(head), reinterpret_cast<const char*>(head) + sizeof head);
         out.insert(out.end(), reinterpret_cast<const char*>(e.data()),
                    reinterpret_cast<const char*>(e.data()) + e.size_bytes());
@@ -188,7 +188,7 @@ void deserialise(std::string_view& in, T& value, std::size_t var, const std::str
         if (in.size() < sizeof head) fail("the checkpoint ends early");
         std::memcpy(head, in.data(), sizeof head);
         in.remove_prefix(sizeof head);
-        if (head[0] != (static_cast<std::uint64_t>(want.cat) << 8 | want.bytes)) fail("the saved element type differs");
+        if (head[0] != want.code()) fail("the saved element type differs");
         if (head[1] != e.size()) {
           fail(format("the checkpoint holds %llu elements, the variable %zu", static_cast<unsigned long long>(head[1]),
                       e.size())

@@ -118,7 +118,7 @@ struct state {
   }
 };
 
-void destroy_state(state* s) noexcept { delete s; }
+void destroy(state* s) noexcept { delete s; }
 
 namespace {
 
@@ -370,7 +370,7 @@ void copy(state& s, int self, located dst, located src, std::size_t bytes) {
   }
 }
 
-void combine(state& s, int self, ReduceOp op, element_type type, located dst, located src, std::size_t n,
+void combine(state& s, int self, ReduceOp op, detail::element_kind type, located dst, located src, std::size_t n,
              std::size_t element_bytes) {
   if (n == 0) return;
   replica_state& me = s.at(self);
@@ -392,7 +392,7 @@ void combine(state& s, int self, ReduceOp op, element_type type, located dst, lo
   copy(s, self, dst, a, bytes);
 }
 
-void divide(state& s, int self, element_type type, located p, std::size_t n, std::size_t count,
+void divide(state& s, int self, detail::element_kind type, located p, std::size_t n, std::size_t count,
             std::size_t element_bytes) {
   if (n == 0) return;
   replica_state& me = s.at(self);
@@ -411,7 +411,7 @@ void divide(state& s, int self, element_type type, located p, std::size_t n, std
   copy(s, self, p, a, bytes);
 }
 
-bool fold_into_all(state& s, int self, ReduceOp op, element_type type, const located* parts, int count,
+bool fold_into_all(state& s, int self, ReduceOp op, detail::element_kind type, const located* parts, int count,
                    std::size_t n) {
   replica_state& me = s.at(self);
   for (int r = 0; r < count; ++r) {

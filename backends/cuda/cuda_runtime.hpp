@@ -29,6 +29,7 @@
 #include <backends/cuda/kernels.hpp>  // max_fold_parts (no CUDA header)
 #include <backends/threads/threads_runtime.hpp>
 #include <mirror/backend/exchanged.hpp>
+#include <mirror/detail/owned.hpp>
 #include <mirror/reduce_op.hpp>
 
 namespace mirror::cuda {
@@ -45,7 +46,7 @@ void* current_stream() noexcept;
 namespace impl {
 
 struct state;  // streams, events, buffers, peer map: defined in cuda_runtime.cpp
-void destroy_state(state*) noexcept;
+void destroy(state*) noexcept;  // what detail::owned<state> calls
 
 /// Where a buffer lives: an address and its device ordinal.
 struct located {
@@ -54,7 +55,7 @@ struct located {
 };
 
 // All of these throw mirror::backend_error (or std::invalid_argument for a bad setting).
-state* create_state(std::span<const int> gpus, int replicas_per_gpu);  // destroy_state it
+state* create_state(std::span<const int> gpus, int replicas_per_gpu);  // owned by a detail::owned<state>
 int num_replicas(const state&) noexcept;
 int device_of(const state&, int replica) noexcept;
 int replicas_per_gpu(const state&) noexcept;
@@ -73,11 +74,11 @@ void detach(state&, int self, located dev, void* host, std::size_t bytes, bool c
 located scratch(state&, int self, std::size_t bytes);
 located stage_argument(state&, int self, std::size_t slot, const void* host, std::size_t bytes);
 void copy(state&, int self, located dst, located src, std::size_t bytes);
-void combine(state&, int self, ReduceOp op, element_type type, located dst, located src, std::size_t n,
+void combine(state&, int self, ReduceOp op, detail::element_kind type, located dst, located src, std::size_t n,
              std::size_t element_bytes);
-void divide(state&, int self, element_type type, located p, std::size_t n, std::size_t count,
+void divide(state&, int self, detail::element_kind type, located p, std::size_t n, std::size_t count,
             std::size_t element_bytes);
-bool fold_into_all(state&, int self, ReduceOp op, element_type type, const located* parts, int count,
+bool fold_into_all(state&, int self, ReduceOp op, detail::element_kind type, const located* parts, int count,
                    std::size_t n);
 void synchronize(state&, int replica);
 
@@ -208,12 +209,12 @@ class runtime {
   template <class E, class S>
     requires std::same_as<const E, const S>
   void combine(int self, ReduceOp op, pointer<E> dst, pointer<S> src, std::size_t n) {
-    impl::combine(*state_, self, op, element_type_of<E>(), impl::located{dst.ptr, dst.device},
+    impl::combine(*state_, self, op, kernel_kind_of<E>(), impl::located{dst.ptr, dst.device},
                   impl::located{const_cast<E*>(src.ptr), src.device}, n, sizeof(E));
   }
   template <class E>
   void divide(int self, pointer<E> p, std::size_t n, std::size_t count) {
-    impl::divide(*state_, self, element_type_of<E>(), impl::located{p.ptr, p.device}, n, count, sizeof(E));
+    impl::divide(*state_, self, kernel_kind_of<E>(), impl::located{p.ptr, p.device}, n, count, sizeof(E));
   }
   ///@}
 
@@ -232,7 +233,7 @@ class runtime {
     if (count < 1 || count > max_fold_parts) return false;
     impl::located l[impl::max_fold_parts];
     for (int r = 0; r < count; ++r) l[r] = impl::located{parts[r].ptr, parts[r].device};
-    return impl::fold_into_all(*state_, self, op, element_type_of<E>(), l, count, n);
+    return impl::fold_into_all(*state_, self, op, kernel_kind_of<E>(), l, count, n);
   }
 
   // ---- for backends (NCCL), tests and benchmarks ----
@@ -262,16 +263,8 @@ class runtime {
   }
 
  private:
-  // Owners written out rather than std::unique_ptr: this class is compiled by every translation
-  // unit of a CUDA build (<mirror/mirror.hpp> brings it; docs/design.md#compile-time).
-  struct owned_state {
-    impl::state* p;
-    explicit owned_state(impl::state* s) noexcept : p(s) {}
-    owned_state(const owned_state&) = delete;
-    owned_state& operator=(const owned_state&) = delete;
-    ~owned_state() { impl::destroy_state(p); }
-    impl::state& operator*() const noexcept { return *p; }
-  };
+  // The extension's owner written out rather than std::unique_ptr: this class is compiled by every
+  // translation unit of a CUDA build (<mirror/mirror.hpp> brings it; docs/design.md#compile-time).
   struct owned_extension {
     void* p = nullptr;
     void (*destroy)(void*) = nullptr;
@@ -282,7 +275,7 @@ class runtime {
       if (destroy != nullptr) destroy(p);
     }
   };
-  owned_state state_;  // first: the pool's threads must stop before the streams go
+  detail::owned<impl::state> state_;  // first: the pool's threads must stop before the streams go
   threads::runtime host_;
   std::chrono::milliseconds timeout_;
   // Destroyed first (declared last): communicators go before the streams they use.

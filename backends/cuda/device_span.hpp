@@ -32,7 +32,7 @@ namespace mirror {
 
 /// `cuda::device_span<E>` is a view leaf (`elements` hands the device address through; the CUDA
 /// runtime's `attach` sees that it is device memory and uses it in place).
-/// Elements: arithmetic types (those without kernels are refused by `element_type_of` with the
+/// Elements: arithmetic types (those without kernels are refused by `kernel_kind_of` with the
 /// supported list) and the 16-bit float types `cuda::half` and `cuda::bfloat16`, which only
 /// device code computes on: a `device_span<cuda::half>` goes through every ops policy.
 template <class E>

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <mirror/detail/element_kind.hpp>
 
 namespace mirror::cuda {
 
@@ -21,46 +22,50 @@ struct bfloat16 {
   std::uint16_t bits;  ///< the upper 16 bits of an IEEE binary32
 };
 
-/// Tag of an element type the kernel library (kernels.cu) is instantiated for.
-enum class element_type : int { f32, f64, f16, bf16, i32, i64, u8 };
-
-/// False for every E: a static_assert that names E fails only when instantiated.
-template <class E>
-inline constexpr bool always_false = false;
-
-/// The tag of E: float, double, half, bfloat16, 32- and 64-bit signed integers, 8-bit unsigned.
-template <class E>
-constexpr element_type element_type_of() noexcept {
-  using T = std::remove_cv_t<E>;
-  if constexpr (std::is_same_v<T, float>) {
-    return element_type::f32;
-  } else if constexpr (std::is_same_v<T, double>) {
-    return element_type::f64;
-  } else if constexpr (std::is_same_v<T, half>) {
-    return element_type::f16;
-  } else if constexpr (std::is_same_v<T, bfloat16>) {
-    return element_type::bf16;
-  } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) == 4) {
-    return element_type::i32;
-  } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) == 8) {
-    return element_type::i64;
-  } else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T> && sizeof(T) == 1 && !std::is_same_v<T, bool>) {
-    return element_type::u8;
-  } else {
-    static_assert(always_false<E>,
-                  "mirror::devices::Cuda: this element type has no CUDA kernels; supported element types are "
-                  "float, double, mirror::cuda::half, mirror::cuda::bfloat16, std::int32_t, std::int64_t and "
-                  "std::uint8_t — convert the leaf to one of them");
-    return element_type::f32;
-  }
-}
-
-/// Whether `element_type_of<E>()` is defined (for constraints and tests).
+/// Whether the kernels are built for E (for constraints and tests).
 template <class E>
 inline constexpr bool has_kernels =
     std::is_same_v<std::remove_cv_t<E>, float> || std::is_same_v<std::remove_cv_t<E>, double> ||
     std::is_same_v<std::remove_cv_t<E>, half> || std::is_same_v<std::remove_cv_t<E>, bfloat16> ||
     (std::is_integral_v<E> && !std::is_same_v<std::remove_cv_t<E>, bool> &&
      ((std::is_signed_v<E> && (sizeof(E) == 4 || sizeof(E) == 8)) || (std::is_unsigned_v<E> && sizeof(E) == 1)));
+
+}  // namespace mirror::cuda
+
+/// half and bfloat16 as the run-time element tag names them (kernel dispatch, NCCL datatypes, the
+/// agreement check): both 2 bytes, told apart by category.
+template <>
+struct mirror::detail::element_kind_traits<mirror::cuda::half> {
+  static constexpr element_kind value{element_kind::category::floating, 2};
+};
+template <>
+struct mirror::detail::element_kind_traits<mirror::cuda::bfloat16> {
+  static constexpr element_kind value{element_kind::category::bfloat, 2};
+};
+
+namespace mirror::cuda {
+
+/// False for every E: a static_assert that names E fails only when instantiated.
+template <class E>
+inline constexpr bool always_false = false;
+
+/// The element kind of E, for an E the kernels are built for: float, double, half, bfloat16,
+/// 32- and 64-bit signed integers, 8-bit unsigned. Any other E fails to compile, with the fix.
+template <class E>
+constexpr detail::element_kind kernel_kind_of() noexcept {
+  if constexpr (has_kernels<E>) {
+    return detail::element_kind_of<E>();
+  } else {
+    static_assert(always_false<E>,
+                  "mirror::devices::Cuda: this element type has no CUDA kernels; supported element types are "
+                  "float, double, mirror::cuda::half, mirror::cuda::bfloat16, std::int32_t, std::int64_t and "
+                  "std::uint8_t — convert the leaf to one of them");
+    return {};
+  }
+}
+
+/// The element kind's code() for E, for switching over element kinds (kernel dispatch).
+template <class E>
+inline constexpr std::uint16_t kind_code = kernel_kind_of<E>().code();
 
 }  // namespace mirror::cuda

@@ -16,10 +16,10 @@
 namespace mirror::cuda::impl {
 
 /// dst[i] = dst[i] op src[i] for i < n (mean sums; the division is `launch_divide`).
-int launch_combine(void* stream, ReduceOp op, element_type type, void* dst, const void* src, std::size_t n) noexcept;
+int launch_combine(void* stream, ReduceOp op, detail::element_kind type, void* dst, const void* src, std::size_t n) noexcept;
 
 /// p[i] = p[i] / count for i < n, in the element type (integers truncate, as C++ `/`).
-int launch_divide(void* stream, element_type type, void* p, std::size_t n, std::size_t count) noexcept;
+int launch_divide(void* stream, detail::element_kind type, void* p, std::size_t n, std::size_t count) noexcept;
 
 /// The most parts `launch_fold_into_all` takes in one launch.
 inline constexpr int max_fold_parts = 16;
@@ -29,7 +29,7 @@ inline constexpr int max_fold_parts = 16;
 /// parts[j][i]: the same bits as launch_combine from parts[0] through parts[count - 1] followed
 /// by launch_divide, in one pass that reads and writes each part once. 1 <= count <=
 /// max_fold_parts.
-int launch_fold_into_all(void* stream, ReduceOp op, element_type type, void* const* parts, int count,
+int launch_fold_into_all(void* stream, ReduceOp op, detail::element_kind type, void* const* parts, int count,
                          std::size_t n) noexcept;
 
 }  // namespace mirror::cuda::impl

@@ -20,6 +20,7 @@
 #include <mirror/backend/collective.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/format.hpp>
+#include <mirror/detail/owned.hpp>
 #include <mirror/detail/worker_group.hpp>
 #include <mirror/backend/segment_list.hpp>
 #include <mirror/reduce_op.hpp>
@@ -132,7 +133,7 @@ struct NcclAllReduce {
     // Across workers, first: same count, type and op on every worker (one small MPI all-reduce
     // on the communication thread; the other local replicas wait in the exchange below).
     if (workers != nullptr && self == 0 && workers->num_workers() > 1) {
-      workers->check_all_reduce(s.total, kind_of<E>(), op, "mirror::ReplicaContext::all_reduce (NcclAllReduce)");
+      workers->check_all_reduce(s.total, cuda::kernel_kind_of<E>(), op, "mirror::ReplicaContext::all_reduce (NcclAllReduce)");
     }
     // The agreement check, and a barrier: a replica that never comes is named by the device's
     // timeout here, before any NCCL call could wait for it on the GPU.
@@ -164,7 +165,7 @@ struct NcclAllReduce {
         counts.push_back(b - a);
       }
     }
-    nccl::impl::all_reduce(comms, self, rt.stream_of(self), op, cuda::element_type_of<E>(), buffers, counts,
+    nccl::impl::all_reduce(comms, self, rt.stream_of(self), op, cuda::kernel_kind_of<E>(), buffers, counts,
                            rt.timeout());
     if (concat) {
       std::size_t at = 0;
@@ -207,7 +208,7 @@ struct NcclAllReduce {
     const std::size_t padded = nccl::impl::reduce_scatter_scratch(comms, in.sizes);
     E* const scratch = padded > 0 ? rt.template scratch<E>(self, padded).ptr : nullptr;
     if (workers != nullptr && self == 0 && workers->num_workers() > 1) {
-      workers->check_all_reduce(in.total, kind_of<E>(), op, "mirror::ReplicaContext::reduce_scatter (NcclAllReduce)");
+      workers->check_all_reduce(in.total, cuda::kernel_kind_of<E>(), op, "mirror::ReplicaContext::reduce_scatter (NcclAllReduce)");
     }
     c.exchange(char{0});
     std::vector<const void*> sources;
@@ -216,7 +217,7 @@ struct NcclAllReduce {
       sources.push_back(in.leaves[k].ptr);
       targets.push_back(out.leaves[k].ptr);
     }
-    nccl::impl::reduce_scatter(comms, self, rt.stream_of(self), op, cuda::element_type_of<E>(), sources, targets,
+    nccl::impl::reduce_scatter(comms, self, rt.stream_of(self), op, cuda::kernel_kind_of<E>(), sources, targets,
                                in.sizes, scratch, rt.timeout());
   }
 
@@ -236,7 +237,7 @@ struct NcclAllReduce {
     // Across workers the counts already agree (the caller gathered them); this checks the element
     // type, so that no worker's NCCL call waits on the GPU for a call that never matches.
     if (workers != nullptr && self == 0 && workers->num_workers() > 1) {
-      workers->check_all_reduce(out.total, kind_of<E>(), ReduceOp::sum,
+      workers->check_all_reduce(out.total, cuda::kernel_kind_of<E>(), ReduceOp::sum,
                                 "mirror::ReplicaContext::all_gather (NcclAllReduce)");
     }
     c.exchange(char{0});
@@ -247,15 +248,11 @@ struct NcclAllReduce {
       sources.push_back(in.leaves[k].ptr);
       targets.push_back(out.leaves[k].ptr);
     }
-    nccl::impl::all_gather(comms, self, rt.stream_of(self), cuda::element_type_of<E>(), sources, targets, counts,
+    nccl::impl::all_gather(comms, self, rt.stream_of(self), cuda::kernel_kind_of<E>(), sources, targets, counts,
                            rt.timeout());
   }
 
  private:
-  struct comms_holder {
-    nccl::impl::comms* comms;
-    ~comms_holder() { nccl::impl::destroy_comms(comms); }
-  };
   // The cross-worker group of devices::Cluster<Cuda>'s runtime; null in one process.
   template <class Rt>
   static detail::worker_group* workers_of(Rt& rt) noexcept {
@@ -266,15 +263,6 @@ struct NcclAllReduce {
       return nullptr;
     }
   }
-  // The agreement check's view of an element type (half types: 2-byte floating point).
-  template <class E>
-  static constexpr detail::element_kind kind_of() noexcept {
-    if constexpr (std::is_arithmetic_v<E>) {
-      return detail::element_kind_of<E>();
-    } else {
-      return {detail::element_kind::category::floating, static_cast<std::uint8_t>(sizeof(E))};
-    }
-  }
   // Created by validate (the Strategy's constructor, on the user's thread: collective over the
   // workers there); later calls find them. (A template, although Rt is always a cuda::runtime:
   // the body of a non-template is analysed, and the templates it calls instantiated, wherever
@@ -282,13 +270,13 @@ struct NcclAllReduce {
   // docs/design.md#compile-time.)
   template <class Rt>
   static nccl::impl::comms& comms_of(Rt& rt, detail::worker_group* workers) {
-    return *rt.template extension<comms_holder>([&] {
+    return *rt.template extension<detail::owned<nccl::impl::comms>>([&] {
              std::vector<int> devices;
              for (int r = 0; r < rt.num_replicas(); ++r) devices.push_back(rt.device_of(r));
              // (A span from pointer and size: see devices::Cuda::runtime.)
-             return new comms_holder{nccl::impl::create_comms(std::span<const int>(devices.data(), devices.size()),
-                                                              rt.timeout(), workers)};
-           }).comms;
+             return new detail::owned<nccl::impl::comms>(nccl::impl::create_comms(
+                 std::span<const int>(devices.data(), devices.size()), rt.timeout(), workers));
+           });
   }
 };
 

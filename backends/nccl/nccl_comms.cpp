@@ -35,7 +35,7 @@ namespace mirror::nccl::impl {
 constexpr std::size_t max_in_flight = 16;
 
 // One rank's unfinished collectives: a ring of completion events, each with its deadline.
-// Touched only by that rank's host thread (and by destroy_comms once those threads are idle).
+// Touched only by that rank's host thread (and by destroy once those threads are idle).
 struct in_flight {
   cudaEvent_t events[max_in_flight] = {};
   std::chrono::steady_clock::time_point deadlines[max_in_flight] = {};
@@ -95,31 +95,26 @@ cudaError_t query(cudaEvent_t e) noexcept {
                       static_cast<long>(ncclInvalidUsage));
 }
 
-ncclDataType_t nccl_type(cuda::element_type t) {
-  switch (t) {
-    case cuda::element_type::f32: return ncclFloat32;
-    case cuda::element_type::f64: return ncclFloat64;
-    case cuda::element_type::f16: return ncclFloat16;
-    case cuda::element_type::bf16: return ncclBfloat16;
-    case cuda::element_type::i32: return ncclInt32;
-    case cuda::element_type::i64: return ncclInt64;
-    case cuda::element_type::u8: return ncclUint8;
+ncclDataType_t nccl_type(detail::element_kind t) {
+  switch (t.code()) {
+    case cuda::kind_code<float>: return ncclFloat32;
+    case cuda::kind_code<double>: return ncclFloat64;
+    case cuda::kind_code<cuda::half>: return ncclFloat16;
+    case cuda::kind_code<cuda::bfloat16>: return ncclBfloat16;
+    case cuda::kind_code<std::int32_t>: return ncclInt32;
+    case cuda::kind_code<std::int64_t>: return ncclInt64;
+    case cuda::kind_code<std::uint8_t>: return ncclUint8;
   }
   return ncclFloat32;
 }
 
-bool is_float(cuda::element_type t) {
-  return t == cuda::element_type::f32 || t == cuda::element_type::f64 || t == cuda::element_type::f16 ||
-         t == cuda::element_type::bf16;
-}
-
-ncclRedOp_t nccl_op(ReduceOp op, cuda::element_type t) {
+ncclRedOp_t nccl_op(ReduceOp op, detail::element_kind t) {
   switch (op) {
     case ReduceOp::sum: return ncclSum;
     case ReduceOp::prod: return ncclProd;
     case ReduceOp::min: return ncclMin;
     case ReduceOp::max: return ncclMax;
-    case ReduceOp::mean: return is_float(t) ? ncclAvg : ncclSum;  // integers: sum, then divide as C++ does
+    case ReduceOp::mean: return t.is_floating() ? ncclAvg : ncclSum;  // integers: sum, then divide as C++ does
   }
   return ncclSum;
 }
@@ -295,7 +290,7 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
   return c.release();
 }
 
-void destroy_comms(comms* c) noexcept {
+void destroy(comms* c) noexcept {
   if (c == nullptr) return;
   int previous = -1;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
@@ -428,7 +423,7 @@ void enqueue_group(comms& c, int rank, cudaStream_t s, std::chrono::milliseconds
   }
   after();
   // Completion is watched, not waited for: the event joins this rank's ring with its deadline,
-  // and the next collective on this rank (or destroy_comms) retires it or times it out. So the
+  // and the next collective on this rank (or destroy) retires it or times it out. So the
   // host returns once the work is enqueued (docs/cuda.md#the-device); a lost peer cannot enqueue
   // anything here unnoticed, since NcclAllReduce's agreement exchange precedes every call.
   const std::size_t slot = (f.oldest + f.count) % max_in_flight;
@@ -438,21 +433,8 @@ void enqueue_group(comms& c, int rank, cudaStream_t s, std::chrono::milliseconds
   ++f.count;
 }
 
-std::size_t element_bytes(cuda::element_type t) noexcept {
-  switch (t) {
-    case cuda::element_type::f64:
-    case cuda::element_type::i64: return 8;
-    case cuda::element_type::f32:
-    case cuda::element_type::i32: return 4;
-    case cuda::element_type::f16:
-    case cuda::element_type::bf16: return 2;
-    case cuda::element_type::u8: return 1;
-  }
-  return 4;
-}
-
 // The integer mean: NCCL summed, and C++'s division (truncation) follows on the stream.
-void divide_for_mean(void* stream, cuda::element_type type, void* p, std::size_t n, int nranks) {
+void divide_for_mean(void* stream, detail::element_kind type, void* p, std::size_t n, int nranks) {
   if (n == 0) return;
   const int e = cuda::impl::launch_divide(stream, type, p, n, static_cast<std::size_t>(nranks));
   if (e != 0) check_cuda(static_cast<cudaError_t>(e), "the divide kernel launch");
@@ -465,7 +447,7 @@ const char* at(const void* p, std::size_t elements, std::size_t bytes) noexcept 
 
 }  // namespace
 
-void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_type type,
+void all_reduce(comms& c, int rank, void* stream, ReduceOp op, detail::element_kind type,
                 std::span<void* const> buffers, std::span<const std::size_t> counts,
                 std::chrono::milliseconds timeout) {
   auto s = static_cast<cudaStream_t>(stream);
@@ -481,7 +463,7 @@ void all_reduce(comms& c, int rank, void* stream, ReduceOp op, cuda::element_typ
         return ncclSuccess;
       },
       [&] {
-        if (op != ReduceOp::mean || is_float(type)) return;
+        if (op != ReduceOp::mean || type.is_floating()) return;
         for (std::size_t i = 0; i < buffers.size(); ++i) divide_for_mean(stream, type, buffers[i], counts[i], c.nranks);
       });
 }
@@ -495,13 +477,13 @@ std::size_t reduce_scatter_scratch(const comms& c, std::span<const std::size_t> 
   return total;
 }
 
-void reduce_scatter(comms& c, int rank, void* stream, ReduceOp op, cuda::element_type type,
+void reduce_scatter(comms& c, int rank, void* stream, ReduceOp op, detail::element_kind type,
                     std::span<const void* const> in, std::span<void* const> out, std::span<const std::size_t> sizes,
                     void* scratch, std::chrono::milliseconds timeout) {
   auto s = static_cast<cudaStream_t>(stream);
   const int N = c.nranks;
   const int g = c.first_rank + rank;
-  const std::size_t es = element_bytes(type), n_ranks = static_cast<std::size_t>(N);
+  const std::size_t es = type.bytes, n_ranks = static_cast<std::size_t>(N);
   if (N == 1) {
     // One replica has nothing to reduce: its cut is the whole leaf (a mean of one value is that
     // value). NCCL is not called: on one rank, ncclReduceScatter with ncclAvg returned wrong
@@ -563,12 +545,12 @@ void reduce_scatter(comms& c, int rank, void* stream, ReduceOp op, cuda::element
                                        mine * es, cudaMemcpyDeviceToDevice, s),
                        "cudaMemcpyAsync (reduce_scatter: the cut out of the padded scratch)");
           }
-          if (op == ReduceOp::mean && !is_float(type)) divide_for_mean(stream, type, out[k], mine, N);
+          if (op == ReduceOp::mean && !type.is_floating()) divide_for_mean(stream, type, out[k], mine, N);
         }
       });
 }
 
-void all_gather(comms& c, int rank, void* stream, cuda::element_type type, std::span<const void* const> in,
+void all_gather(comms& c, int rank, void* stream, detail::element_kind type, std::span<const void* const> in,
                 std::span<void* const> out, std::span<const std::size_t> counts, std::chrono::milliseconds timeout) {
   auto s = static_cast<cudaStream_t>(stream);
   const std::size_t n_ranks = static_cast<std::size_t>(c.nranks), k_leaves = in.size();
@@ -579,7 +561,7 @@ void all_gather(comms& c, int rank, void* stream, cuda::element_type type, std::
                                                counts.size(), n_ranks * k_leaves)
                                     .c_str());
   }
-  const std::size_t es = element_bytes(type);
+  const std::size_t es = type.bytes;
   enqueue_group(
       c, rank, s, timeout, "all-gather", "ncclAllGather or ncclBroadcast",
       [&](ncclComm_t comm) {

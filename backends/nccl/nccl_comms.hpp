@@ -30,7 +30,7 @@ struct comms;
 /// when worker 0 could not create the id — and mirror::timeout_error after `timeout`.
 comms* create_comms(std::span<const int> devices, std::chrono::milliseconds timeout,
                     detail::worker_group* workers = nullptr);
-void destroy_comms(comms*) noexcept;
+void destroy(comms*) noexcept;  // what detail::owned<comms> calls
 
 /// The number of NCCL ranks of the set (W*G across workers, else G) and this process's first.
 int num_ranks(const comms&) noexcept;
@@ -38,14 +38,14 @@ int first_rank(const comms&) noexcept;
 
 /// On local rank `rank`'s thread: all-reduces `counts[i]` elements in place at `buffers[i]` for every
 /// i, in one NCCL group on `stream`, and returns once it is enqueued. Its completion is watched:
-/// the rank's next call (or destroy_comms) checks its earlier collectives, waiting only when 16
+/// the rank's next call (or destroy) checks its earlier collectives, waiting only when 16
 /// are unfinished, and one unfinished `timeout` after it was enqueued aborts every communicator
 /// of the set and throws mirror::timeout_error naming the ranks that had not enqueued it (NCCL
 /// ranks; across workers only this worker's ranks can be named, the agreement check before each
 /// call names late workers); later
 /// calls throw mirror::backend_error. `mean` uses ncclAvg
 /// for floating point and ncclSum followed by an integer division kernel for integers.
-void all_reduce(comms&, int rank, void* stream, ReduceOp op, cuda::element_type type, std::span<void* const> buffers,
+void all_reduce(comms&, int rank, void* stream, ReduceOp op, detail::element_kind type, std::span<void* const> buffers,
                 std::span<const std::size_t> counts, std::chrono::milliseconds timeout);
 
 /// Elements of scratch device memory `reduce_scatter` needs for leaves of `sizes`: N*ceil(n/N)
@@ -59,7 +59,7 @@ std::size_t reduce_scatter_scratch(const comms&, std::span<const std::size_t> si
 /// ncclReduceScatter from the leaf itself; any other goes through `scratch`
 /// (`reduce_scatter_scratch` elements on the rank's device): copied into N blocks of ceil(n/N),
 /// block r holding cut r and a zero, reduce-scattered there in place, and its cut copied out.
-void reduce_scatter(comms&, int rank, void* stream, ReduceOp op, cuda::element_type type,
+void reduce_scatter(comms&, int rank, void* stream, ReduceOp op, detail::element_kind type,
                     std::span<const void* const> in, std::span<void* const> out, std::span<const std::size_t> sizes,
                     void* scratch, std::chrono::milliseconds timeout);
 
@@ -68,7 +68,7 @@ void reduce_scatter(comms&, int rank, void* stream, ReduceOp op, cuda::element_t
 /// counts on every rank), in one NCCL group on `stream`, watched as `all_reduce` is. One
 /// ncclAllGather for a leaf whose counts are all equal, else one ncclBroadcast per rank with a
 /// non-empty piece (rooted there, into its offset: NCCL's way to an all-gather of unequal counts).
-void all_gather(comms&, int rank, void* stream, cuda::element_type type, std::span<const void* const> in,
+void all_gather(comms&, int rank, void* stream, detail::element_kind type, std::span<const void* const> in,
                 std::span<void* const> out, std::span<const std::size_t> counts, std::chrono::milliseconds timeout);
 
 /// The NCCL version of the library loaded at run time (ncclGetVersion), e.g. 22809.

@@ -196,7 +196,7 @@ void ChunkOwnerAllReduce::small(backend::collective<Rt>& c, ReduceOp op, const u
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
 [[gnu::noinline]] MIRROR_DETAIL_INLINE void ChunkOwnerAllReduce::pack(const untyped_leaves& s,
                                                                     unsigned char* to) noexcept {
-  const std::size_t size = s.kernels->size;
+  const std::size_t size = s.kernels->size();
   // (An empty leaf may have no address at all: memcpy must not see it.)
   for (std::size_t k = 0; k < s.sizes.size(); ++k) {
     if (s.sizes[k] == 0) continue;
@@ -209,7 +209,7 @@ void ChunkOwnerAllReduce::small(backend::collective<Rt>& c, ReduceOp op, const u
 [[gnu::noinline]] MIRROR_DETAIL_INLINE void ChunkOwnerAllReduce::combine_and_unpack(
     ReduceOp op, const untyped_leaves& s, unsigned char* acc, const unsigned char* first, std::size_t stride,
     std::size_t n) noexcept {
-  const std::size_t size = s.kernels->size;
+  const std::size_t size = s.kernels->size();
   for (std::size_t r = 1; r < n; ++r) s.kernels->combine(op, acc, first + r * stride, s.total);
   if (op == ReduceOp::mean) s.kernels->divide(acc, s.total, n);
   const unsigned char* from = acc;
@@ -231,27 +231,27 @@ void ChunkOwnerAllReduce::large(backend::collective<Rt>& c, ReduceOp op, const u
   if (n == 1) return;
   const detail::element_kernels& e = *s.kernels;
   const std::size_t block =  // elements
-      std::max<std::size_t>(1, (n >= wide_block_replicas ? wide_block_bytes : block_bytes) / e.size);
+      std::max<std::size_t>(1, (n >= wide_block_replicas ? wide_block_bytes : block_bytes) / e.size());
   alignas(64) unsigned char acc[wide_block_bytes];
   static_assert(block_bytes >= 16 && block_bytes <= wide_block_bytes,
                 "a block holds at least one element of every type, and either block fits acc");
   const bool pair = n == 2 && op == ReduceOp::sum && e.sum_pair != nullptr;
-  const auto [a, b] = backend::chunk_of(0, s.total, c.self(), n, e.size);
+  const auto [a, b] = backend::chunk_of(0, s.total, c.self(), n, e.size());
   backend::for_each_piece(s.sizes, a, b, [&](std::size_t k, std::size_t off, std::size_t len, std::size_t) {
     for (std::size_t i = off; i < off + len; i += block) {
       const std::size_t m = std::min(block, off + len - i);
-      const auto at = [&](int r) { return e.leaf(all[static_cast<std::size_t>(r)].leaves, k) + i * e.size; };
+      const auto at = [&](int r) { return e.leaf(all[static_cast<std::size_t>(r)].leaves, k) + i * e.size(); };
       // A sum of two replicas in registers, stored straight into both buffers
       // (detail::sum_pair_in_place): no accumulator to fill and copy out.
-      if (pair && m * e.size % 16 == 0) {
+      if (pair && m * e.size() % 16 == 0) {
         e.sum_pair(at(0), at(1), m);
         continue;
       }
-      std::memcpy(acc, at(0), m * e.size);
+      std::memcpy(acc, at(0), m * e.size());
       // A sum of three or more replicas reads the others' blocks side by side, up to
       // combine_pass at a time (detail::sum_many says why); two replicas, the other ops and a
       // leaf's last block when it is not whole 16-byte groups, one replica at a time.
-      if (n > 2 && e.sum != nullptr && (op == ReduceOp::sum || op == ReduceOp::mean) && m * e.size % 16 == 0) {
+      if (n > 2 && e.sum != nullptr && (op == ReduceOp::sum || op == ReduceOp::mean) && m * e.size() % 16 == 0) {
         for (int r = 1; r < n;) {
           const void* from[detail::combine_pass];
           std::size_t count = 0;
@@ -262,7 +262,7 @@ void ChunkOwnerAllReduce::large(backend::collective<Rt>& c, ReduceOp op, const u
         for (int r = 1; r < n; ++r) e.combine(op, acc, at(r), m);
       }
       if (op == ReduceOp::mean) e.divide(acc, m, static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r) std::memcpy(at(r), acc, m * e.size);
+      for (int r = 0; r < n; ++r) std::memcpy(at(r), acc, m * e.size());
     }
   });
   // Nobody returns (and reuses its buffer) before every slice is written back.

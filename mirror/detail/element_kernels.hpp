@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// An element type's reduction arithmetic as values (its size and four function pointers), so
+// An element type's reduction arithmetic as values (its element_kind and five function pointers), so
 // that an algorithm written over bytes is compiled once for every element type instead of once
 // per type: only the arithmetic, which must see the type to vectorise, is instantiated per type.
 // ops::ChunkOwnerAllReduce and Strategy::reduce's per-leaf work (detail::reduce_leaf) run on it
@@ -8,12 +8,14 @@
 
 #include <cstddef>
 #include <mirror/reduce_op.hpp>
+#include <mirror/detail/element_kind.hpp>
 #include <mirror/detail/element_ops.hpp>
 
 namespace mirror::detail {
 
 struct element_kernels {
-  std::size_t size;  // sizeof(E)
+  element_kind kind;  ///< E's run-time tag
+  constexpr std::size_t size() const noexcept { return kind.bytes; }  ///< sizeof(E)
   /// combine_into<E> over n elements at byte addresses aligned for E.
   void (*combine)(ReduceOp op, void* dst, const void* src, std::size_t n) noexcept;
   /// sum_many<E>: dst += src[0], ..., += src[count-1] (E pointers, as const void*; best at most
@@ -41,7 +43,7 @@ struct element_kernels_of {
   static unsigned char* leaf(const void* leaves, std::size_t k) noexcept {
     return reinterpret_cast<unsigned char*>(static_cast<E* const*>(leaves)[k]);
   }
-  static constexpr element_kernels value{sizeof(E), &combine, has_sum_many<E> ? &sum_many<E> : nullptr,
+  static constexpr element_kernels value{element_kind_of<E>(), &combine, has_sum_many<E> ? &sum_many<E> : nullptr,
                                          has_sum_many<E> ? &sum_pair_in_place<E> : nullptr, &divide, &leaf};
 };
 

@@ -101,10 +101,10 @@ MIRROR_DETAIL_INLINE void reduce_leaf(ReduceOp op, void* dst, std::size_t size, 
     const element_kernels* e;
   } j{op, static_cast<unsigned char*>(dst), size, in, n, &e};
   parallel.run(
-      parallel.self, size * n * e.size,
+      parallel.self, size * n * e.size(),
       [](void* p, int part, int parts) {
         const job& w = *static_cast<const job*>(p);
-        const std::size_t bytes = w.e->size;
+        const std::size_t bytes = w.e->size();
         // (Not a structured binding: clang before 16 cannot capture one in the lambda below.)
         const auto range = backend::chunk_of(0, w.size, part, parts, bytes);
         const std::size_t a = range.first, b = range.second;

@@ -11,16 +11,26 @@ namespace mirror::detail {
 /// parameter is instantiated (with its deleter storage, a std::tuple) wherever the class is
 /// parsed, used or not (docs/design.md\#compile-time).
 ///
-/// `T` may be incomplete where `owned<T>` is declared; it must be complete where the destructor
-/// is instantiated (the owner's out-of-line destructor, as with unique_ptr). Not movable: its
-/// owners are not either.
+/// It is also how every backend hides its vendor's state (docs/design.md\#adding-a-backend): a
+/// type the backend's header declares and only its compiled source defines, freed by a
+/// `destroy(T*) noexcept` declared beside it, which the destructor finds by argument-dependent
+/// lookup. Such a `T` may stay incomplete in every header. A `T` without `destroy` is deleted, and
+/// must be complete where the destructor is instantiated (the owner's out-of-line destructor, as
+/// with unique_ptr). Not movable: its owners are not either.
 template <class T>
 class owned {
  public:
   explicit owned(T* p) noexcept : p_(p) {}
   owned(const owned&) = delete;
   owned& operator=(const owned&) = delete;
-  ~owned() { delete p_; }
+  ~owned() {
+    if constexpr (requires { destroy(p_); }) {
+      destroy(p_);
+    } else {
+      static_assert(sizeof(T) > 0, "mirror::detail::owned<T>: T is incomplete here and has no destroy(T*)");
+      delete p_;
+    }
+  }
 
   T* get() const noexcept { return p_; }
   T& operator*() const noexcept { return *p_; }

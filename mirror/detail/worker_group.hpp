@@ -12,29 +12,9 @@
 #include <string>
 #include <type_traits>
 #include <mirror/reduce_op.hpp>
+#include <mirror/detail/element_kind.hpp>
 
 namespace mirror::detail {
-
-/// An element type as the cross-worker layer sees it: its kind and size are enough to pick the
-/// MPI datatype.
-struct element_kind {
-  enum class category : std::uint8_t { floating, signed_integer, unsigned_integer } cat;
-  std::uint8_t bytes;
-  friend bool operator==(const element_kind&, const element_kind&) = default;
-};
-
-template <class E>
-constexpr element_kind element_kind_of() noexcept {
-  static_assert(std::is_arithmetic_v<E>);
-  using C = element_kind::category;
-  if constexpr (std::is_floating_point_v<E>) {
-    return {C::floating, static_cast<std::uint8_t>(sizeof(E))};
-  } else if constexpr (std::is_signed_v<E>) {
-    return {C::signed_integer, static_cast<std::uint8_t>(sizeof(E))};
-  } else {
-    return {C::unsigned_integer, static_cast<std::uint8_t>(sizeof(E))};
-  }
-}
 
 /// W cooperating processes ("workers"), each running the same program with R local replicas.
 ///

@@ -456,28 +456,28 @@ void fold(mirror::ReduceOp op, void* const* parts, int count, std::size_t n) {
 }  // namespace
 
 namespace mirror::cuda::impl {
-int launch_divide(void* stream, element_type type, void* p, std::size_t n, std::size_t count) noexcept {
+int launch_divide(void* stream, detail::element_kind type, void* p, std::size_t n, std::size_t count) noexcept {
   const void* const touched[] = {p};
   if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched)) return static_cast<int>(e);
-  switch (type) {
-    case element_type::f32: divide(static_cast<float*>(p), n, count); break;
-    case element_type::f64: divide(static_cast<double*>(p), n, count); break;
-    case element_type::i32: divide(static_cast<std::int32_t*>(p), n, count); break;
-    case element_type::i64: divide(static_cast<std::int64_t*>(p), n, count); break;
+  switch (type.code()) {
+    case kind_code<float>: divide(static_cast<float*>(p), n, count); break;
+    case kind_code<double>: divide(static_cast<double*>(p), n, count); break;
+    case kind_code<std::int32_t>: divide(static_cast<std::int32_t*>(p), n, count); break;
+    case kind_code<std::int64_t>: divide(static_cast<std::int64_t*>(p), n, count); break;
     default: return cudaErrorNotSupported;
   }
   return 0;
 }
-int launch_combine(void* stream, ReduceOp op, element_type type, void* dst, const void* src, std::size_t n) noexcept {
+int launch_combine(void* stream, ReduceOp op, detail::element_kind type, void* dst, const void* src, std::size_t n) noexcept {
   const void* const touched[] = {dst, src};
   if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched)) return static_cast<int>(e);
-  switch (type) {
-    case element_type::f32: combine(op, static_cast<float*>(dst), static_cast<const float*>(src), n); break;
-    case element_type::f64: combine(op, static_cast<double*>(dst), static_cast<const double*>(src), n); break;
-    case element_type::i32:
+  switch (type.code()) {
+    case kind_code<float>: combine(op, static_cast<float*>(dst), static_cast<const float*>(src), n); break;
+    case kind_code<double>: combine(op, static_cast<double*>(dst), static_cast<const double*>(src), n); break;
+    case kind_code<std::int32_t>:
       combine(op, static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(src), n);
       break;
-    case element_type::i64:
+    case kind_code<std::int64_t>:
       combine(op, static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(src), n);
       break;
     default: return cudaErrorNotSupported;
@@ -485,7 +485,7 @@ int launch_combine(void* stream, ReduceOp op, element_type type, void* dst, cons
   return 0;
 }
 
-int launch_fold_into_all(void* stream, ReduceOp op, element_type type, void* const* parts, int count,
+int launch_fold_into_all(void* stream, ReduceOp op, detail::element_kind type, void* const* parts, int count,
                          std::size_t n) noexcept {
   if (count < 1 || count > max_fold_parts) return cudaErrorInvalidValue;
   if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream),
@@ -497,11 +497,11 @@ int launch_fold_into_all(void* stream, ReduceOp op, element_type type, void* con
     std::lock_guard g(lock);
     ++seen.folds;
   }
-  switch (type) {
-    case element_type::f32: fold<float>(op, parts, count, n); break;
-    case element_type::f64: fold<double>(op, parts, count, n); break;
-    case element_type::i32: fold<std::int32_t>(op, parts, count, n); break;
-    case element_type::i64: fold<std::int64_t>(op, parts, count, n); break;
+  switch (type.code()) {
+    case kind_code<float>: fold<float>(op, parts, count, n); break;
+    case kind_code<double>: fold<double>(op, parts, count, n); break;
+    case kind_code<std::int32_t>: fold<std::int32_t>(op, parts, count, n); break;
+    case kind_code<std::int64_t>: fold<std::int64_t>(op, parts, count, n); break;
     default: return cudaErrorNotSupported;
   }
   return 0;

@@ -49,7 +49,7 @@ void group::impl::execute(job& j) {
     }
     MPI_Request request = MPI_REQUEST_NULL;
     if (j.kind == job::reduce) {
-      log_post(post_allreduce, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
+      log_post(post_allreduce, j.count, j.element.code(), static_cast<std::int64_t>(j.op));
       const bool ring = use_ring(j.count * j.element.bytes);
       if (ring) ring_algorithm.set(1);
       const int code = MPI_Iallreduce(MPI_IN_PLACE, j.data, static_cast<int>(j.count), datatype_of(j.element),
@@ -92,7 +92,7 @@ void group::impl::reduce_in_worker_order(job& j) {
   // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
   auto rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, static_cast<std::size_t>(W) *
                                                                             static_cast<std::size_t>(mine) * bytes));
-  log_post(post_alltoallv, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
+  log_post(post_alltoallv, j.count, j.element.code(), static_cast<std::int64_t>(j.op));
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Ialltoallv(j.data, counts.data(), displs.data(), type, rows.get(), from.data(), at.data(), type, data,
                        &request),
@@ -108,7 +108,7 @@ void group::impl::reduce_in_worker_order(job& j) {
     std::memcpy(static_cast<unsigned char*>(j.data) + static_cast<std::size_t>(displs[static_cast<std::size_t>(w)]) * bytes,
                 rows.get(), row);
   }
-  log_post(post_allgatherv, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
+  log_post(post_allgatherv, j.count, j.element.code(), static_cast<std::int64_t>(j.op));
   check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, counts.data(), displs.data(), type, data,
                         &request),
         "MPI_Iallgatherv (in worker order)", j.what);
@@ -118,7 +118,7 @@ void group::impl::reduce_in_worker_order(job& j) {
 void group::impl::sync(job& j) {
   auto word = std::make_unique<std::int64_t[]>(1);
   word[0] = 0;
-  log_post(post_allreduce, 1, code_of(int64_kind), static_cast<std::int64_t>(ReduceOp::max));
+  log_post(post_allreduce, 1, int64_kind.code(), static_cast<std::int64_t>(ReduceOp::max));
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Iallreduce(MPI_IN_PLACE, word.get(), 1, MPI_INT64_T, MPI_MAX, data, &request),
         "MPI_Iallreduce (empty collective)", j.what);
@@ -148,11 +148,11 @@ void group::impl::scatter(job& j) {
   auto* out = static_cast<unsigned char*>(j.out);
   const MPI_Datatype type = datatype_of(j.element);
   const bool by_worker =
-      j.in_worker_order || W == 2 || j.element.cat != detail::element_kind::category::floating;
+      j.in_worker_order || W == 2 || !j.element.is_floating();
   if (!by_worker) {
     auto whole = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, j.count * bytes));
     if (j.count != 0) std::memcpy(whole.get(), in, j.count * bytes);
-    log_post(post_allreduce, j.count, code_of(j.element), static_cast<std::int64_t>(j.op));
+    log_post(post_allreduce, j.count, j.element.code(), static_cast<std::int64_t>(j.op));
     const bool ring = use_ring(j.count * bytes);
     if (ring) ring_algorithm.set(1);
     MPI_Request request = MPI_REQUEST_NULL;
@@ -197,7 +197,7 @@ void group::impl::scatter(job& j) {
     }
   }
   auto rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, Wn * block * bytes));
-  log_post(post_alltoall, block, code_of(j.element), static_cast<std::int64_t>(j.op));
+  log_post(post_alltoall, block, j.element.code(), static_cast<std::int64_t>(j.op));
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Ialltoall(direct ? in : packed.get(), static_cast<int>(block), type, rows.get(), static_cast<int>(block),
                       type, data, &request),
@@ -283,7 +283,7 @@ void group::impl::gather_counts(job& j) {
   auto words = std::make_unique<std::int64_t[]>(std::max<std::size_t>(1, n + n * Wn));
   const auto* mine = static_cast<const std::size_t*>(j.data);
   for (std::size_t i = 0; i < n; ++i) words[i] = static_cast<std::int64_t>(mine[i]);
-  log_post(post_allgather_words, n, code_of(int64_kind), 0);
+  log_post(post_allgather_words, n, int64_kind.code(), 0);
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Iallgather(words.get(), static_cast<int>(n), MPI_INT64_T, words.get() + n, static_cast<int>(n),
                        MPI_INT64_T, data, &request),
@@ -327,7 +327,7 @@ void group::impl::agree(job& j) {
   auto both = std::make_unique<std::int64_t[]>(2);
   both[0] = key;
   both[1] = -key;
-  log_post(post_allreduce, 2, code_of(int64_kind), static_cast<std::int64_t>(ReduceOp::max));
+  log_post(post_allreduce, 2, int64_kind.code(), static_cast<std::int64_t>(ReduceOp::max));
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Iallreduce(MPI_IN_PLACE, both.get(), 2, MPI_INT64_T, MPI_MAX, data, &request),
         "MPI_Iallreduce (agreement check)", j.what);
@@ -346,7 +346,7 @@ void group::impl::agree(job& j) {
   mine[5] = static_cast<std::int64_t>(call);
   mine[6] = phase.load(std::memory_order_relaxed);
   std::strncpy(reinterpret_cast<char*>(mine + 7), j.what != nullptr ? j.what : "", what_words * sizeof(std::int64_t) - 1);
-  log_post(post_allgather_words, D, code_of(int64_kind), 0);
+  log_post(post_allgather_words, D, int64_kind.code(), 0);
   check(MPI_Iallgather(mine, static_cast<int>(D), MPI_INT64_T, mine + D, static_cast<int>(D), MPI_INT64_T, data,
                        &request),
         "MPI_Iallgather (agreement check)", j.what);
@@ -367,8 +367,7 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
     const std::int64_t* d = desc(p);
     described_alike = described_alike && std::equal(d, d + 6, desc(0)) && std::equal(d + 7, d + D, desc(0) + 7);
     table += detail::format("%sworker %d (%s) ", p == 0 ? " " : "; ", p, replicas_of(p).c_str()).c_str();
-    const detail::element_kind k{static_cast<detail::element_kind::category>(d[1] >> 8),
-                                 static_cast<std::uint8_t>(d[1] & 0xff)};
+    const detail::element_kind k = detail::element_kind::from_code(static_cast<std::uint64_t>(d[1]));
     const detail::message leaves = detail::format(" in %lld leaves", static_cast<long long>(d[3] >> 8));
     const char* const order = (d[2] % 200) >= 100 ? " in worker order (MpiAllReduce{.deterministic = true})" : "";
     switch (d[3] & 0xff) {

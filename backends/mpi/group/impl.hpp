@@ -76,11 +76,7 @@ struct posted_op {
 };
 inline constexpr std::size_t posted_words = 5;
 
-inline std::int64_t code_of(detail::element_kind k) { return static_cast<std::int64_t>(k.cat) << 8 | k.bytes; }
-inline detail::element_kind kind_of(std::int64_t code) {
-  return {static_cast<detail::element_kind::category>((code >> 8) & 0xff), static_cast<std::uint8_t>(code & 0xff)};
-}
-inline constexpr detail::element_kind int64_kind{detail::element_kind::category::signed_integer, 8};
+inline constexpr detail::element_kind int64_kind = detail::element_kind_of<std::int64_t>();
 
 inline std::string error_text(int code) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -112,13 +108,17 @@ inline MPI_Datatype datatype_of(detail::element_kind k) {
       return k.bytes == 1 ? MPI_INT8_T : k.bytes == 2 ? MPI_INT16_T : k.bytes == 4 ? MPI_INT32_T : MPI_INT64_T;
     case C::unsigned_integer:
       return k.bytes == 1 ? MPI_UINT8_T : k.bytes == 2 ? MPI_UINT16_T : k.bytes == 4 ? MPI_UINT32_T : MPI_UINT64_T;
+    case C::bfloat: break;  // the core sends host arithmetic types only
   }
   return MPI_BYTE;
 }
 
 inline std::string kind_name(detail::element_kind k) {
   using C = detail::element_kind::category;
-  const char* base = k.cat == C::floating ? "float" : k.cat == C::signed_integer ? "int" : "uint";
+  const char* base = k.cat == C::floating         ? "float"
+                     : k.cat == C::bfloat         ? "bfloat"
+                     : k.cat == C::signed_integer ? "int"
+                                                  : "uint";
   return detail::format("%s%d", base, 8 * k.bytes).c_str();
 }
 
@@ -149,7 +149,7 @@ inline void make_floating_ops() {
 }
 
 inline MPI_Op op_of(ReduceOp op, detail::element_kind kind) {
-  const bool floating = kind.cat == detail::element_kind::category::floating;
+  const bool floating = kind.is_floating();
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::mean: return MPI_SUM;
@@ -247,7 +247,7 @@ struct group::impl {
   // Whether a reduction of `kind` folds in worker order. Integer reductions are exact in any
   // order (two's complement wraps alike): they keep MPI's own.
   bool in_worker_order(detail::element_kind kind) const noexcept {
-    return worker_order && kind.cat == detail::element_kind::category::floating;
+    return worker_order && kind.is_floating();
   }
   unsigned cores = 1;  // this worker's share of its host's cores
   std::chrono::milliseconds timeout;

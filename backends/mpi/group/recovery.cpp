@@ -113,7 +113,7 @@ void group::impl::send_status(std::int64_t failed, const status& mine) {
 }
 
 void group::impl::post_dummy(const posted_op& o, dummy& d) {
-  const detail::element_kind k = kind_of(o.element);
+  const detail::element_kind k = detail::element_kind::from_code(o.element);
   const std::size_t n = static_cast<std::size_t>(o.count);
   const char* what = "recovery from a failed run";
   log_post(static_cast<post_kind>(o.kind), n, o.element, o.op);

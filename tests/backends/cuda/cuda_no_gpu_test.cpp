@@ -69,16 +69,21 @@ TEST_CASE("cuda: --device flags parse, and an explicit cuda choice without a GPU
 }
 
 TEST_CASE("cuda: element types with kernels, and device leaves", "[cuda][no_gpu]") {
-  using mirror::cuda::element_type;
-  using mirror::cuda::element_type_of;
-  STATIC_REQUIRE(element_type_of<float>() == element_type::f32);
-  STATIC_REQUIRE(element_type_of<double>() == element_type::f64);
-  STATIC_REQUIRE(element_type_of<std::int32_t>() == element_type::i32);
-  STATIC_REQUIRE(element_type_of<std::int64_t>() == element_type::i64);
-  STATIC_REQUIRE(element_type_of<long long>() == element_type::i64);
-  STATIC_REQUIRE(element_type_of<std::uint8_t>() == element_type::u8);
-  STATIC_REQUIRE(element_type_of<mirror::cuda::half>() == element_type::f16);
-  STATIC_REQUIRE(element_type_of<mirror::cuda::bfloat16>() == element_type::bf16);
+  using C = mirror::detail::element_kind::category;
+  using mirror::cuda::kernel_kind_of;
+  using kind = mirror::detail::element_kind;
+  STATIC_REQUIRE(kernel_kind_of<float>() == kind{C::floating, 4});
+  STATIC_REQUIRE(kernel_kind_of<double>() == kind{C::floating, 8});
+  STATIC_REQUIRE(kernel_kind_of<std::int32_t>() == kind{C::signed_integer, 4});
+  STATIC_REQUIRE(kernel_kind_of<std::int64_t>() == kind{C::signed_integer, 8});
+  STATIC_REQUIRE(kernel_kind_of<long long>() == kernel_kind_of<std::int64_t>());
+  STATIC_REQUIRE(kernel_kind_of<std::uint8_t>() == kind{C::unsigned_integer, 1});
+  // The two 16-bit floating-point types share a size and must still be told apart (NCCL's
+  // datatype, the kernels, the cross-worker agreement).
+  STATIC_REQUIRE(kernel_kind_of<mirror::cuda::half>() == kind{C::floating, 2});
+  STATIC_REQUIRE(kernel_kind_of<mirror::cuda::bfloat16>() == kind{C::bfloat, 2});
+  STATIC_REQUIRE(mirror::cuda::kind_code<mirror::cuda::half> != mirror::cuda::kind_code<mirror::cuda::bfloat16>);
+  STATIC_REQUIRE(kind::from_code(kernel_kind_of<mirror::cuda::bfloat16>().code()) == kind{C::bfloat, 2});
   STATIC_REQUIRE_FALSE(mirror::cuda::has_kernels<short>);
   STATIC_REQUIRE_FALSE(mirror::cuda::has_kernels<bool>);
   STATIC_REQUIRE(mirror::leaf<mirror::cuda::device_span<float>>);

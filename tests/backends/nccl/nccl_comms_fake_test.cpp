@@ -23,7 +23,7 @@
 
 namespace nccl = mirror::nccl::impl;
 using mirror::ReduceOp;
-using mirror::cuda::element_type;
+using mirror::cuda::kernel_kind_of;
 using namespace std::chrono_literals;
 
 namespace {
@@ -34,7 +34,7 @@ struct comms_ptr {
       : c(nccl::create_comms(std::span<const int>(devices.data(), devices.size()), timeout)) {}
   comms_ptr(const comms_ptr&) = delete;
   comms_ptr& operator=(const comms_ptr&) = delete;
-  ~comms_ptr() { nccl::destroy_comms(c); }
+  ~comms_ptr() { nccl::destroy(c); }
   nccl::comms& operator*() const { return *c; }
 };
 
@@ -43,7 +43,7 @@ void all_reduce(nccl::comms& c, int rank, fake_nccl::stream& s, std::vector<floa
                 std::chrono::milliseconds timeout = 5s) {
   void* buffers[] = {values.data()};
   const std::size_t counts[] = {values.size()};
-  nccl::all_reduce(c, rank, &s, ReduceOp::sum, element_type::f32, buffers, counts, timeout);
+  nccl::all_reduce(c, rank, &s, ReduceOp::sum, kernel_kind_of<float>(), buffers, counts, timeout);
 }
 
 void require_rules_kept() {
@@ -145,7 +145,7 @@ TEST_CASE("nccl: a failed ncclAllReduce inside the group still ends the group", 
   std::vector<float> x(3, 1.0f), y(4, 1.0f);
   void* buffers[] = {x.data(), y.data()};
   const std::size_t counts[] = {x.size(), y.size()};
-  REQUIRE_THROWS_AS(nccl::all_reduce(*c, 0, &s, ReduceOp::sum, element_type::f32, buffers, counts, 5s),
+  REQUIRE_THROWS_AS(nccl::all_reduce(*c, 0, &s, ReduceOp::sum, kernel_kind_of<float>(), buffers, counts, 5s),
                     mirror::backend_error);
   REQUIRE(fake_nccl::group_depth() == 0);  // the thread is not left inside the group
   REQUIRE(fake_nccl::snapshot().groups_launched == 0);  // and nothing half-built was launched
@@ -161,9 +161,9 @@ TEST_CASE("nccl: an expected cudaErrorNotReady is not left for the next launch t
   std::vector<std::int32_t> v(4, 6);
   void* buffers[] = {v.data()};
   const std::size_t counts[] = {v.size()};
-  // (A short timeout: destroy_comms waits for the unfinished ones until then.)
+  // (A short timeout: destroy waits for the unfinished ones until then.)
   for (int i = 0; i < 3; ++i) {
-    REQUIRE_NOTHROW(nccl::all_reduce(*c, 0, &s, ReduceOp::mean, element_type::i32, buffers, counts, 1s));
+    REQUIRE_NOTHROW(nccl::all_reduce(*c, 0, &s, ReduceOp::mean, kernel_kind_of<std::int32_t>(), buffers, counts, 1s));
     REQUIRE(fake_nccl::last_error() == cudaSuccess);
   }
   REQUIRE(fake_nccl::snapshot().not_ready_queries > 0);
@@ -256,8 +256,8 @@ T reference(ReduceOp op, int N, std::size_t k, std::size_t i) {
 }
 
 template <class T>
-constexpr element_type type_of() {
-  return mirror::cuda::element_type_of<T>();
+constexpr mirror::detail::element_kind type_of() {
+  return kernel_kind_of<T>();
 }
 
 // Leaf lengths of one reduce_scatter: empty, shorter than N, exact multiples and ragged ones,
@@ -429,5 +429,5 @@ TEST_CASE("nccl: all_gather refuses counts that are not ranks x leaves", "[nccl]
   const void* in[] = {x.data()};
   void* out[] = {y.data()};
   const std::size_t counts[] = {2, 2};
-  REQUIRE_THROWS_AS(nccl::all_gather(*c, 0, &s, element_type::f32, in, out, counts, 5s), std::invalid_argument);
+  REQUIRE_THROWS_AS(nccl::all_gather(*c, 0, &s, kernel_kind_of<float>(), in, out, counts, 5s), std::invalid_argument);
 }
