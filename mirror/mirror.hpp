@@ -36,10 +36,10 @@
 #include <mirror/value_context.hpp>
 #include <mirror/variable_aggregation.hpp>
 
-#include <backends/threads/threads.hpp>
+#include <mirror/backends/threads/threads.hpp>
 #if MIRROR_HAS_CUDA
-#include <backends/cuda/cuda.hpp>  // and, in NCCL builds, backends/nccl (through cuda_device.hpp)
+#include <mirror/backends/cuda/cuda.hpp>  // and, in NCCL builds, backends/nccl (through cuda_device.hpp)
 #endif
 #if MIRROR_HAS_MPI
-#include <backends/mpi/mpi.hpp>  // devices::Cluster, ops::Hierarchical, ops::MpiAllReduce (no <mpi.h>: libmirror_mpi has it)
+#include <mirror/backends/mpi/mpi.hpp>  // devices::Cluster, ops::Hierarchical, ops::MpiAllReduce (no <mpi.h>: libmirror_mpi has it)
 #endif

@@ -5,7 +5,7 @@
   check_core_includes.py ROOT
 
 Fails when a header under ROOT/mirror/
-  - includes <backends/...>  (only the umbrella mirror/mirror.hpp may: it pulls in the
+  - includes <mirror/backends/...>  (only the umbrella mirror/mirror.hpp may: it pulls in the
     threads backend), or
   - includes a CUDA, NCCL or MPI header (cuda*.h, cuda/..., nccl*.h, mpi*.h, ...).
 """
@@ -38,7 +38,7 @@ def main(argv):
                     if not m:
                         continue
                     inc = m.group(1)
-                    if inc.startswith('backends/') and rel != UMBRELLA:
+                    if inc.startswith(('backends/', 'mirror/backends/')) and rel != UMBRELLA:
                         problems.append(f'{rel}:{lineno}: core header includes a backend: <{inc}>')
                     elif TOOLKIT.match(inc):
                         problems.append(f'{rel}:{lineno}: core header includes a toolkit header: <{inc}>')

@@ -5,7 +5,7 @@
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <vector>
-#include <backends/cuda/cuda_runtime.hpp>
+#include <mirror/backends/cuda/cuda_runtime.hpp>
 #include <mirror/concepts/device.hpp>
 #include <mirror/config.hpp>
 #include <mirror/default_ops.hpp>
@@ -56,5 +56,5 @@ static_assert(device<Cuda>);
 // The default ops of devices::Cuda must be the same in every translation unit: in NCCL builds
 // the specialisation (ops::NcclAllReduce) comes with the device, never later.
 #if MIRROR_HAS_NCCL
-#include <backends/nccl/nccl_all_reduce.hpp>
+#include <mirror/backends/nccl/nccl_all_reduce.hpp>
 #endif

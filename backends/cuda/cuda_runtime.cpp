@@ -3,10 +3,10 @@
 // runtime API into libmirror_cuda. Every call is checked; a failure is a mirror::backend_error
 // with the cudaError_t, its name and its text.
 
-#include <backends/cuda/cuda_runtime.hpp>
-#include <backends/cuda/cuda_device.hpp>
-#include <backends/cuda/device_guard.hpp>
-#include <backends/cuda/kernels.hpp>
+#include <mirror/backends/cuda/cuda_runtime.hpp>
+#include <mirror/backends/cuda/cuda_device.hpp>
+#include <mirror/backends/cuda/device_guard.hpp>
+#include <mirror/backends/cuda/kernels.hpp>
 #include <cuda_runtime_api.h>
 #include <algorithm>
 #include <mutex>

@@ -23,11 +23,11 @@
 #include <string>
 #include <type_traits>
 #include <vector>
-#include <backends/cuda/device_ptr.hpp>
-#include <backends/cuda/device_span.hpp>
-#include <backends/cuda/element_type.hpp>
-#include <backends/cuda/kernels.hpp>  // max_fold_parts (no CUDA header)
-#include <backends/threads/threads_runtime.hpp>
+#include <mirror/backends/cuda/device_ptr.hpp>
+#include <mirror/backends/cuda/device_span.hpp>
+#include <mirror/backends/cuda/element_type.hpp>
+#include <mirror/backends/cuda/kernels.hpp>  // max_fold_parts (no CUDA header)
+#include <mirror/backends/threads/threads_runtime.hpp>
 #include <mirror/backend/exchanged.hpp>
 #include <mirror/detail/owned.hpp>
 #include <mirror/reduce_op.hpp>

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <span>
 #include <utility>
-#include <backends/cuda/device_span.hpp>
+#include <mirror/backends/cuda/device_span.hpp>
 
 namespace mirror::cuda {
 namespace impl {

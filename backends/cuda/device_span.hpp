@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <span>
 #include <type_traits>
-#include <backends/cuda/element_type.hpp>
+#include <mirror/backends/cuda/element_type.hpp>
 #include <mirror/leaf_traits.hpp>
 
 namespace mirror::cuda {

@@ -4,7 +4,7 @@
 // host code in mirror/detail/element_ops.hpp, so GPU and CPU results have the same bits.
 // 16-bit floats are combined in float and rounded back (round to nearest even).
 
-#include <backends/cuda/kernels.hpp>
+#include <mirror/backends/cuda/kernels.hpp>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

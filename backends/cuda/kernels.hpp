@@ -9,7 +9,7 @@
 /// returns the `cudaError_t` of the launch as an int (0 = success): callers turn it into a
 /// `mirror::backend_error`. Pointers must be reachable from the current device.
 
-#include <backends/cuda/element_type.hpp>
+#include <mirror/backends/cuda/element_type.hpp>
 #include <cstddef>
 #include <mirror/reduce_op.hpp>
 

@@ -9,9 +9,9 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
-#include <backends/cuda/cuda_device.hpp>
-#include <backends/cuda/cuda_runtime.hpp>
-#include <backends/threads/threads.hpp>
+#include <mirror/backends/cuda/cuda_device.hpp>
+#include <mirror/backends/cuda/cuda_runtime.hpp>
+#include <mirror/backends/threads/threads.hpp>
 #include <mirror/strategy.hpp>
 
 namespace mirror::cuda {

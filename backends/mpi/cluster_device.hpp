@@ -5,8 +5,8 @@
 /// local device; one `Strategy` spans them all.
 
 #include <type_traits>
-#include <backends/mpi/mpi_group.hpp>
-#include <backends/mpi/communicator.hpp>
+#include <mirror/backends/mpi/mpi_group.hpp>
+#include <mirror/backends/mpi/communicator.hpp>
 #include <mirror/concepts/device.hpp>
 #include <mirror/config.hpp>
 #include <mirror/default_ops.hpp>
@@ -14,7 +14,7 @@
 #include <mirror/detail/owned.hpp>
 #include <mirror/detail/worker_group.hpp>
 #if MIRROR_HAS_NCCL
-#include <backends/nccl/nccl_all_reduce.hpp>  // devices::Cuda, ops::NcclAllReduce: Cluster<Cuda>'s ops
+#include <mirror/backends/nccl/nccl_all_reduce.hpp>  // devices::Cuda, ops::NcclAllReduce: Cluster<Cuda>'s ops
 #endif
 
 namespace mirror::devices {

@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <span>
 #include <vector>
-#include <backends/mpi/cluster_device.hpp>
-#include <backends/mpi/mpi_all_reduce.hpp>
+#include <mirror/backends/mpi/cluster_device.hpp>
+#include <mirror/backends/mpi/mpi_all_reduce.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
 #include <mirror/default_ops.hpp>
 #include <mirror/backend/collective.hpp>

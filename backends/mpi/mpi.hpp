@@ -5,9 +5,9 @@
 /// `ops::MpiAllReduce`. Includes no MPI header (only libmirror_mpi does): link libmirror_mpi and
 /// MPI (`pkg-config --libs mirror` does, in MPI builds).
 
-#include <backends/mpi/cluster_device.hpp>
-#include <backends/mpi/communicator.hpp>
-#include <backends/mpi/hierarchical.hpp>
-#include <backends/mpi/mpi_all_reduce.hpp>
-#include <backends/mpi/mpi_group.hpp>
-#include <backends/threads/threads.hpp>
+#include <mirror/backends/mpi/cluster_device.hpp>
+#include <mirror/backends/mpi/communicator.hpp>
+#include <mirror/backends/mpi/hierarchical.hpp>
+#include <mirror/backends/mpi/mpi_all_reduce.hpp>
+#include <mirror/backends/mpi/mpi_group.hpp>
+#include <mirror/backends/threads/threads.hpp>

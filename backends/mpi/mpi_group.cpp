@@ -6,7 +6,7 @@
 // workers that did not arrive and a failure on one worker reaches the others at once. This file
 // holds the group's construction and its public collectives; group/impl.hpp lists the others.
 
-#include <backends/mpi/group/impl.hpp>
+#include <mirror/backends/mpi/group/impl.hpp>
 
 namespace mirror::mpi {
 namespace {

@@ -6,7 +6,7 @@
 /// worker happens on the group's one communication thread.
 
 #include <exception>
-#include <backends/mpi/communicator.hpp>
+#include <mirror/backends/mpi/communicator.hpp>
 #include <mirror/detail/lean_std.hpp>  // std::chrono durations
 #include <mirror/detail/owned.hpp>
 #include <mirror/detail/worker_group.hpp>

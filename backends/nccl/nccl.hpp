@@ -3,4 +3,4 @@
 /// \file
 /// The NCCL backend: `ops::NcclAllReduce`, the default ops of `devices::Cuda` in NCCL builds.
 
-#include <backends/nccl/nccl_all_reduce.hpp>
+#include <mirror/backends/nccl/nccl_all_reduce.hpp>

@@ -13,8 +13,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-#include <backends/cuda/cuda_device.hpp>
-#include <backends/nccl/nccl_comms.hpp>
+#include <mirror/backends/cuda/cuda_device.hpp>
+#include <mirror/backends/nccl/nccl_comms.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
 #include <mirror/default_ops.hpp>
 #include <mirror/backend/collective.hpp>

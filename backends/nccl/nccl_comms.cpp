@@ -10,8 +10,8 @@
 // never frees a communicator another replica's thread is inside; a thread that finds its
 // communicator gone (null) after an abort throws instead of calling NCCL.
 
-#include <backends/nccl/nccl_comms.hpp>
-#include <backends/cuda/kernels.hpp>
+#include <mirror/backends/nccl/nccl_comms.hpp>
+#include <mirror/backends/cuda/kernels.hpp>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <atomic>

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <backends/cuda/element_type.hpp>
+#include <mirror/backends/cuda/element_type.hpp>
 #include <mirror/reduce_op.hpp>
 
 namespace mirror::detail {

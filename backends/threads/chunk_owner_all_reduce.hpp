@@ -8,7 +8,7 @@
 #include <cstring>
 #include <span>
 #include <type_traits>
-#include <backends/threads/threads_device.hpp>
+#include <mirror/backends/threads/threads_device.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
 #include <mirror/default_ops.hpp>
 #include <mirror/backend/collective.hpp>

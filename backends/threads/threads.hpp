@@ -3,5 +3,5 @@
 /// \file
 /// The threads backend: `devices::Threads` and its default ops, `ops::ChunkOwnerAllReduce`.
 
-#include <backends/threads/chunk_owner_all_reduce.hpp>
-#include <backends/threads/threads_device.hpp>
+#include <mirror/backends/threads/chunk_owner_all_reduce.hpp>
+#include <mirror/backends/threads/threads_device.hpp>

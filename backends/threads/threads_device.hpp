@@ -5,7 +5,7 @@
 
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <thread>
-#include <backends/threads/threads_runtime.hpp>
+#include <mirror/backends/threads/threads_runtime.hpp>
 #include <mirror/concepts/device.hpp>
 
 namespace mirror::devices {

@@ -19,8 +19,8 @@
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
-#include <backends/threads/parking_lot.hpp>
-#include <backends/threads/usable_cores.hpp>
+#include <mirror/backends/threads/parking_lot.hpp>
+#include <mirror/backends/threads/usable_cores.hpp>
 #include <mirror/concepts/device.hpp>
 #include <mirror/backend/collective.hpp>
 #include <mirror/detail/element_ops.hpp>

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// A user's kernel file: nvcc compiles <mirror/mirror.hpp> with <backends/cuda/thrust_leaves.cuh>,
+// A user's kernel file: nvcc compiles <mirror/mirror.hpp> with <mirror/backends/cuda/thrust_leaves.cuh>,
 // launches a kernel on the replica's stream and all-reduces a thrust::device_vector leaf. Built
 // in CI (it is what failed to compile with nvcc 13 before: mirror's concept checks and run's
 // tuple results), run on a GPU by tests/gpu/cuda_device_test.cpp.
 #include <mirror/mirror.hpp>
-#include <backends/cuda/thrust_leaves.cuh>
+#include <mirror/backends/cuda/thrust_leaves.cuh>
 #include <thrust/copy.h>
 #include <thrust/device_vector.h>
 #include <thrust/host_vector.h>

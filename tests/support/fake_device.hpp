@@ -15,7 +15,7 @@
 #include <span>
 #include <type_traits>
 #include <vector>
-#include <backends/threads/threads_runtime.hpp>
+#include <mirror/backends/threads/threads_runtime.hpp>
 #include <mirror/concepts/device.hpp>
 #include <mirror/detail/element_ops.hpp>
 

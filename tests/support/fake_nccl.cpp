@@ -29,7 +29,7 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include <backends/cuda/kernels.hpp>
+#include <mirror/backends/cuda/kernels.hpp>
 
 namespace {
 

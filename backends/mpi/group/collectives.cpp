@@ -2,7 +2,7 @@
 // The MPI collectives a job posts, and the agreement check before each (docs/multi-worker.md#failures:
 // how workers tell calls apart).
 
-#include <backends/mpi/group/impl.hpp>
+#include <mirror/backends/mpi/group/impl.hpp>
 
 namespace mirror::mpi {
 

@@ -3,7 +3,7 @@
 // polling of a posted collective, the control communicator (who-has-arrived queries, failure and
 // timeout notices) and the timeouts (docs/multi-worker.md#failures).
 
-#include <backends/mpi/group/impl.hpp>
+#include <mirror/backends/mpi/group/impl.hpp>
 
 namespace mirror::mpi {
 

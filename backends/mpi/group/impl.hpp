@@ -14,7 +14,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
-#include <backends/mpi/mpi_group.hpp>
+#include <mirror/backends/mpi/mpi_group.hpp>
 
 #include <algorithm>
 #include <atomic>

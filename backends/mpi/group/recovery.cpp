@@ -2,7 +2,7 @@
 // Completing a failed run's collectives on every worker, so that the next run pairs its
 // collectives right (docs/multi-worker.md#failures: after an exception in fn).
 
-#include <backends/mpi/group/impl.hpp>
+#include <mirror/backends/mpi/group/impl.hpp>
 
 namespace mirror::mpi {
 

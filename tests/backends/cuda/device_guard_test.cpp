@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 #include <stdexcept>
 #include <vector>
-#include <backends/cuda/device_guard.hpp>
+#include <mirror/backends/cuda/device_guard.hpp>
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include <backends/nccl/nccl_comms.hpp>
+#include <mirror/backends/nccl/nccl_comms.hpp>
 #include <mirror/backend/cut_of.hpp>
 #include <mirror/error.hpp>
 #include "support/fake_nccl.hpp"
