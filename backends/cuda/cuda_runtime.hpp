@@ -19,6 +19,7 @@
 #include <concepts>
 #include <mirror/detail/lean_std.hpp>  // <algorithm>, <chrono>, <memory>: the parts used
 #include <cstddef>
+#include <exception>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -134,6 +135,8 @@ class runtime {
 
   /// Makes every waiting and later exchange/barrier of the current parallel call throw.
   void cancel() { host_.cancel(); }
+  /// Cancels with `error` as every replica's (threads::runtime::fail_collective).
+  void fail_collective(std::exception_ptr error) noexcept { host_.fail_collective(std::move(error)); }
 
   /// All-gather of `payload` among the replicas' host threads, and a barrier; NCCL's pending
   /// work of `self` is checked first (its completion ring), so a stuck GPU is named.

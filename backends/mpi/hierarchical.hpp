@@ -82,12 +82,15 @@ struct Hierarchical {
       // before any of their spans changes. Owning leaves are reduced in a copy the call returns
       // only on success: the local phase's own first exchange checks them, without the barrier.
       if (c.writes_in_place()) c.barrier();
-      if (self == 0) g.check_all_reduce(s.total, detail::element_kind_of<E>(), op, "mirror::ReplicaContext::all_reduce");
+      if (self == 0) {
+        c.for_all_replicas(
+            [&] { g.check_all_reduce(s.total, detail::element_kind_of<E>(), op, "mirror::ReplicaContext::all_reduce"); });
+      }
     }
     local.all_reduce(c, detail::cross_op(op), s);
     const std::size_t n = static_cast<std::size_t>(g.num_workers()) * static_cast<std::size_t>(c.num_replicas());
     if (self == 0) {
-      cross_step(rt, g, op, s, check_apart);
+      c.for_all_replicas([&] { cross_step(rt, g, op, s, check_apart); });
       if (op == ReduceOp::mean) {
         for (std::size_t k = 0; k < s.leaves.size(); ++k) rt.divide(self, s.leaves[k], s.sizes[k], n);
       }
@@ -190,7 +193,9 @@ struct Hierarchical {
       return;
     }
     if (self == 0) {
-      g.reduce_scatter(local_result, in.sizes.data(), K, local_result, detail::element_kind_of<E>(), op, what);
+      c.for_all_replicas([&] {
+        g.reduce_scatter(local_result, in.sizes.data(), K, local_result, detail::element_kind_of<E>(), op, what);
+      });
     }
     struct post {
       const E* range;  // replica 0's: the worker's range of every leaf, leaf after leaf
@@ -236,8 +241,10 @@ struct Hierarchical {
     // leaf on one and a double on another would exchange blocks of different bytes). Checked
     // before anything is copied: the other replicas wait in the exchange below meanwhile.
     if (self == 0 && W > 1) {
-      g.check_all_reduce(out.total, detail::element_kind_of<E>(), ReduceOp::sum,
-                         "mirror::ReplicaContext::all_gather (the element types across workers)");
+      c.for_all_replicas([&] {
+        g.check_all_reduce(out.total, detail::element_kind_of<E>(), ReduceOp::sum,
+                           "mirror::ReplicaContext::all_gather (the element types across workers)");
+      });
     }
     // (Kept: the exchange's result is valid only until this replica's next barrier.)
     const auto* const first_leaves = c.exchange(post{out.leaves.data()})[0].leaves;
@@ -253,8 +260,10 @@ struct Hierarchical {
         for (std::size_t k = 0; k < K; ++k) per_worker[q / static_cast<std::size_t>(R) * K + k] += counts[q * K + k];
       }
       std::vector<void*> leaves(out.leaves.begin(), out.leaves.end());
-      g.all_gather(leaves.data(), K, per_worker.data(), sizeof(E), "mirror::ReplicaContext::all_gather (cross-worker step)",
-                   true);
+      c.for_all_replicas([&] {
+        g.all_gather(leaves.data(), K, per_worker.data(), sizeof(E),
+                     "mirror::ReplicaContext::all_gather (cross-worker step)", true);
+      });
     }
     if (R == 1) return;
     c.barrier();

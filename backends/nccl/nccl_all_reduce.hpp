@@ -133,7 +133,10 @@ struct NcclAllReduce {
     // Across workers, first: same count, type and op on every worker (one small MPI all-reduce
     // on the communication thread; the other local replicas wait in the exchange below).
     if (workers != nullptr && self == 0 && workers->num_workers() > 1) {
-      workers->check_all_reduce(s.total, cuda::kernel_kind_of<E>(), op, "mirror::ReplicaContext::all_reduce (NcclAllReduce)");
+      c.for_all_replicas([&] {
+        workers->check_all_reduce(s.total, cuda::kernel_kind_of<E>(), op,
+                                  "mirror::ReplicaContext::all_reduce (NcclAllReduce)");
+      });
     }
     // The agreement check, and a barrier: a replica that never comes is named by the device's
     // timeout here, before any NCCL call could wait for it on the GPU.
@@ -208,7 +211,10 @@ struct NcclAllReduce {
     const std::size_t padded = nccl::impl::reduce_scatter_scratch(comms, in.sizes);
     E* const scratch = padded > 0 ? rt.template scratch<E>(self, padded).ptr : nullptr;
     if (workers != nullptr && self == 0 && workers->num_workers() > 1) {
-      workers->check_all_reduce(in.total, cuda::kernel_kind_of<E>(), op, "mirror::ReplicaContext::reduce_scatter (NcclAllReduce)");
+      c.for_all_replicas([&] {
+        workers->check_all_reduce(in.total, cuda::kernel_kind_of<E>(), op,
+                                  "mirror::ReplicaContext::reduce_scatter (NcclAllReduce)");
+      });
     }
     c.exchange(char{0});
     std::vector<const void*> sources;
@@ -237,8 +243,10 @@ struct NcclAllReduce {
     // Across workers the counts already agree (the caller gathered them); this checks the element
     // type, so that no worker's NCCL call waits on the GPU for a call that never matches.
     if (workers != nullptr && self == 0 && workers->num_workers() > 1) {
-      workers->check_all_reduce(out.total, cuda::kernel_kind_of<E>(), ReduceOp::sum,
-                                "mirror::ReplicaContext::all_gather (NcclAllReduce)");
+      c.for_all_replicas([&] {
+        workers->check_all_reduce(out.total, cuda::kernel_kind_of<E>(), ReduceOp::sum,
+                                  "mirror::ReplicaContext::all_gather (NcclAllReduce)");
+      });
     }
     c.exchange(char{0});
     nccl::impl::comms& comms = comms_of(rt, workers);

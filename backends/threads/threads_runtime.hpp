@@ -104,6 +104,11 @@ class runtime {
   /// backend::collective_cancelled_rethrow_me (or the call's timeout_error, when a collective timed out).
   void cancel();
 
+  /// Cancels as `cancel()` does, with `error` as what every waiting and later exchange/barrier of
+  /// the current parallel call throws: an error one replica found for all of them
+  /// (backend::collective::for_all_replicas). A timeout or error published first is kept.
+  void fail_collective(std::exception_ptr error) noexcept;
+
   /// All-gather of `payload` and a barrier.
   template <class P>
   backend::exchanged<P> exchange(int self, const P& payload) {
@@ -453,6 +458,16 @@ MIRROR_DETAIL_INLINE void runtime::limit_cores(unsigned cores) noexcept {
 MIRROR_DETAIL_INLINE void runtime::cancel() {
   cancelled_.store(1, std::memory_order_seq_cst);  // seq_cst: parking_lot::wake's rule
   barrier_lot_.wake();
+}
+
+MIRROR_DETAIL_INLINE void runtime::fail_collective(std::exception_ptr error) noexcept {
+  // The timeout's protocol: state 2 (the error readable) before the cancel that others act on.
+  int unclaimed = 0;
+  if (failure_state_.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
+    failure_ = std::move(error);
+    failure_state_.store(2, std::memory_order_release);
+  }
+  cancel();
 }
 
 MIRROR_DETAIL_INLINE std::size_t runtime::scratch_bytes() const noexcept {

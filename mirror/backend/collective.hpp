@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <mirror/backend/exchanged.hpp>
 #include <mirror/detail/agreement_check.hpp>
+#include <mirror/detail/for_all_replicas.hpp>
 #include <mirror/error.hpp>
 
 namespace mirror::backend {
@@ -66,6 +67,16 @@ class collective {
     } else {
       rt_->barrier(self_);
     }
+  }
+
+  /// Runs `step`, a part of the collective that this replica makes for all of them (a policy's
+  /// cross-worker step, made by one replica of each worker), so that what it throws is every
+  /// replica's error: this replica rethrows it, and the others throw the same exception from the
+  /// exchange or barrier they wait in, not `collective_cancelled_rethrow_me`. On a runtime that
+  /// cannot publish an error (no `fail_collective`) the others are cancelled, as for any failure.
+  template <class Step>
+  void for_all_replicas(Step&& step) {
+    detail::for_all_replicas(*rt_, static_cast<Step&&>(step));
   }
 
  private:

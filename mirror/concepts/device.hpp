@@ -45,6 +45,9 @@
 ///   folds `n` elements of `count` parts in part order (divided by `count` for mean) into every
 ///   part in one pass, with the bits of `copy`, `combine` and `divide`, or returns false having
 ///   done nothing (`ops::ReductionToOneDevice` then composes those; backends/cuda has it).
+/// - Optional: `rt.fail_collective(std::exception_ptr)`: `cancel()`, with that error as what every
+///   waiting and later `exchange`/`barrier` of the parallel call throws instead of the cancellation
+///   (`backend::collective::for_all_replicas`; the threads runtime and those built on it have it).
 ///
 /// **Laws.** `exchange` returns the same span contents on every replica; `copy` then `combine`
 /// are equivalent to the host loop `p[i] = p[i] op q[i]` in element order.

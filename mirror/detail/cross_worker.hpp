@@ -132,10 +132,12 @@ void gather_nest_across_workers(worker_group& g, T& nest, const std::string& loc
   constexpr std::size_t K = leaf_count<T>();
   const auto W = static_cast<std::size_t>(g.num_workers());
   const int R = g.local_replicas();
-  // Per leaf: its elements and its row width (a matrix's columns; 1 for anything else); then
-  // whether this worker's components disagree.
-  std::array<std::size_t, 2 * K + 1> mine{};
-  mine[2 * K] = local_problem.empty() ? 0 : 1;
+  // Per leaf: its elements, its row width (a matrix's columns; 1 for anything else) and its
+  // element kind; then whether this worker's components disagree. The kinds are compared before
+  // any data moves: blocks of another element type would be taken for this one's bytes.
+  constexpr std::size_t per_leaf = 3;
+  std::array<std::size_t, per_leaf * K + 1> mine{};
+  mine[per_leaf * K] = local_problem.empty() ? 0 : 1;
   std::size_t k = 0;
   for_each_leaf(
       [&](auto& l) {
@@ -143,16 +145,17 @@ void gather_nest_across_workers(worker_group& g, T& nest, const std::string& loc
         static_assert(leaf_traits<L>::resizable,
                       "mirror::Strategy::gather: across workers every leaf of the gathered value must be resizable "
                       "(std::vector, mirror::matrix)");
-        mine[2 * k] = leaf_traits<L>::elements(l).size();
+        mine[per_leaf * k] = leaf_traits<L>::elements(l).size();
         if constexpr (requires { l.cols; }) {
-          mine[2 * k + 1] = l.cols;
+          mine[per_leaf * k + 1] = l.cols;
         } else {
-          mine[2 * k + 1] = 1;
+          mine[per_leaf * k + 1] = 1;
         }
+        mine[per_leaf * k + 2] = element_kind_of<leaf_element_t<L>>().code();
         ++k;
       },
       nest);
-  constexpr std::size_t words = 2 * K + 1;
+  constexpr std::size_t words = per_leaf * K + 1;
   std::vector<std::size_t> table(words * W);
   g.all_gather_counts(mine.data(), words, table.data(), what);
   // Worker w's replicas: w*R..(w+1)*R-1.
@@ -160,33 +163,44 @@ void gather_nest_across_workers(worker_group& g, T& nest, const std::string& loc
   const auto last_replica = [&](std::size_t w) { return (w + 1) * static_cast<std::size_t>(R) - 1; };
   if (!local_problem.empty()) throw shape_error(local_problem);
   for (std::size_t p = 0; p < W; ++p) {
-    if (table[p * words + 2 * K] != 0) {
+    if (table[p * words + per_leaf * K] != 0) {
       throw shape_error(format("%s: the components on worker %zu (replicas %zu..%zu) have rows of different widths "
                                "(that worker's shape_error names them); gathered leaves may differ in their first "
                                "dimension only",
                                what, p, first_replica(p), last_replica(p)));
     }
   }
-  // Leaf k of worker p: its elements, its width.
+  // Leaf k of worker p: its elements, its width, its kind.
   const auto all = [&](std::size_t p, std::size_t word) { return table[p * words + word]; };
+  for (k = 0; k < K; ++k) {
+    for (std::size_t p = 1; p < W; ++p) {
+      if (all(p, per_leaf * k + 2) == all(0, per_leaf * k + 2)) continue;
+      const element_kind theirs = element_kind::from_code(all(p, per_leaf * k + 2)),
+                         first = element_kind::from_code(all(0, per_leaf * k + 2));
+      throw shape_error(format("%s: leaf %zu holds %s%d elements on worker %zu (replicas %zu..%zu) but %s%d on "
+                               "worker 0 (replicas 0..%zu); every worker must gather the same element types",
+                               what, k, theirs.category_name(), 8 * theirs.bytes, p, first_replica(p),
+                               last_replica(p), first.category_name(), 8 * first.bytes, last_replica(0)));
+    }
+  }
   // Workers with rows must agree on the row width: every worker reads the same table, so all
   // throw together (or none does). A worker without rows takes theirs.
   std::array<std::size_t, K> width{};
   for (k = 0; k < K; ++k) {
     std::size_t first = W;
     for (std::size_t p = 0; p < W; ++p) {
-      if (all(p, 2 * k) == 0) continue;
+      if (all(p, per_leaf * k) == 0) continue;
       if (first == W) {
         first = p;
-      } else if (all(p, 2 * k + 1) != all(first, 2 * k + 1)) {
+      } else if (all(p, per_leaf * k + 1) != all(first, per_leaf * k + 1)) {
         throw shape_error(format("%s: leaf %zu has rows of %zu elements on worker %zu (replicas %zu..%zu) but of %zu "
                                  "on worker %zu (replicas %zu..%zu); gathered leaves may differ in their first "
                                  "dimension only",
-                                 what, k, all(p, 2 * k + 1), p, first_replica(p), last_replica(p),
-                                 all(first, 2 * k + 1), first, first_replica(first), last_replica(first)));
+                                 what, k, all(p, per_leaf * k + 1), p, first_replica(p), last_replica(p),
+                                 all(first, per_leaf * k + 1), first, first_replica(first), last_replica(first)));
       }
     }
-    width[k] = first == W ? mine[2 * k + 1] : all(first, 2 * k + 1);
+    width[k] = first == W ? mine[per_leaf * k + 1] : all(first, per_leaf * k + 1);
   }
   k = 0;
   for_each_leaf(
@@ -196,11 +210,11 @@ void gather_nest_across_workers(worker_group& g, T& nest, const std::string& loc
         std::vector<std::size_t> counts(W);
         std::size_t total = 0, at = 0;
         for (std::size_t p = 0; p < W; ++p) {
-          counts[p] = all(p, 2 * k);
+          counts[p] = all(p, per_leaf * k);
           if (p < static_cast<std::size_t>(g.worker_index())) at += counts[p];
           total += counts[p];
         }
-        const std::size_t own = mine[2 * k];
+        const std::size_t own = mine[per_leaf * k];
         leaf_traits<L>::resize(l, total);
         const auto e = leaf_traits<L>::elements(l);
         if (own != 0 && at != 0) std::memmove(e.data() + at, e.data(), own * sizeof(E));  // own block to its place

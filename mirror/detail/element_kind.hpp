@@ -17,6 +17,10 @@ struct element_kind {
   category cat;        ///< what the bits mean
   std::uint8_t bytes;  ///< sizeof the element
 
+  /// "float", "bfloat", "int" or "uint": with 8 * bytes, the kind's name in messages (float32).
+  constexpr const char* category_name() const noexcept {
+    return cat == category::floating ? "float" : cat == category::bfloat ? "bfloat" : cat == category::signed_integer ? "int" : "uint";
+  }
   constexpr bool is_floating() const noexcept { return cat == category::floating || cat == category::bfloat; }
   /// The category in the upper byte, the size in the lower one.
   constexpr std::uint16_t code() const noexcept { return static_cast<std::uint16_t>(static_cast<unsigned>(cat) << 8 | bytes); }

@@ -19,6 +19,7 @@
 #include <mirror/backend/collective.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/element_ops.hpp>
+#include <mirror/detail/for_all_replicas.hpp>
 #include <mirror/detail/format.hpp>
 #include <mirror/backend/segment_list.hpp>
 #include <mirror/detail/type_name.hpp>
@@ -123,7 +124,9 @@ class replica_collectives {
       // others read it from its frame.
       if (self == 0) {
         global.resize(local.size() * static_cast<std::size_t>(rt_.workers()->num_workers()));
-        all_gather_counts_across_workers(*rt_.workers(), local, global, "mirror::ReplicaContext::all_gather");
+        c.for_all_replicas([&] {
+          all_gather_counts_across_workers(*rt_.workers(), local, global, "mirror::ReplicaContext::all_gather");
+        });
       }
       struct shared {
         const std::vector<std::size_t>* table;
@@ -253,7 +256,9 @@ class replica_collectives {
     backend::collective<Rt> c(rt_, self, &header);
     c.barrier();
     if (self == 0) {
-      rt_.workers()->check_broadcast(header.sizes, header.num_leaves, root, "mirror::ReplicaContext::broadcast");
+      c.for_all_replicas([&] {
+        rt_.workers()->check_broadcast(header.sizes, header.num_leaves, root, "mirror::ReplicaContext::broadcast");
+      });
     }
   }
 
@@ -261,7 +266,9 @@ class replica_collectives {
   /// worker's replica 0. The other replicas wait in the local broadcast that follows.
   template <class N>
   void cross_broadcast(int self, N& value, int root) {
-    if (self == 0) broadcast_nest(*rt_.workers(), value, root, "mirror::ReplicaContext::broadcast");
+    if (self == 0) {
+      for_all_replicas(rt_, [&] { broadcast_nest(*rt_.workers(), value, root, "mirror::ReplicaContext::broadcast"); });
+    }
   }
 
  private:

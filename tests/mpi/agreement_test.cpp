@@ -16,6 +16,7 @@
 #include <stdlib.h>  // mkdtemp
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 #include <mirror/mirror.hpp>
 
@@ -423,6 +424,96 @@ TEST_CASE("agreement: a cross-worker timeout says the configured timeout and wha
       MPI_Send(&dummy, 1, MPI_INT, late, tag_gave_up, MPI_COMM_WORLD);
     } else {
       CHECK_THAT(what, Catch::Contains("gave up waiting for this worker"));
+    }
+  }
+}
+
+TEST_CASE("agreement: gather of leaves whose element type differs across workers is a shape_error on every worker",
+          "[mpi][mismatch]") {
+  const int W = world_size(), w = world_rank();
+  for (int R = 1; R <= 2; ++R) {
+    Strategy& s = strategy_with(R);
+    for (int pair = 0; pair < 2; ++pair) {
+      CAPTURE(R, pair);
+      // The last worker's components hold another element type: int32 against float (the same
+      // size: the bytes would pass for each other), or float against double (not the same size).
+      std::string what;
+      try {
+        if (w != W - 1) {
+          if (pair == 0) (void)s.gather(s.run([](auto&) { return std::vector<float>{1.f, 2.f}; }), mirror::axis0);
+          if (pair == 1) (void)s.gather(s.run([](auto&) { return std::vector<double>{1.0, 2.0}; }), mirror::axis0);
+        } else {
+          if (pair == 0) (void)s.gather(s.run([](auto&) { return std::vector<std::int32_t>{1, 2}; }), mirror::axis0);
+          if (pair == 1) (void)s.gather(s.run([](auto&) { return std::vector<float>{1.f, 2.f}; }), mirror::axis0);
+        }
+        FAIL("no error");
+      } catch (const mirror::shape_error& e) {
+        what = e.what();
+      }
+      CAPTURE(what);
+      CHECK_THAT(what, Catch::Contains("mirror::Strategy::gather"));
+      CHECK_THAT(what, Catch::Contains("element type"));
+      CHECK_THAT(what, Catch::Contains("worker " + std::to_string(W - 1)));
+      std::uint64_t h = std::hash<std::string>{}(what), lo = h, hi = h;
+      MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+      MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+      CHECK(lo == hi);
+      // Usable after: a gather every worker agrees on.
+      const auto all = s.gather(s.run([](auto& ctx) { return std::vector<int>{ctx.replica_id_in_sync_group()}; }),
+                                mirror::axis0);
+      std::vector<int> want(static_cast<std::size_t>(W * R));
+      for (int g = 0; g < W * R; ++g) want[static_cast<std::size_t>(g)] = g;
+      CHECK(all == want);
+      check_goes_on(s);
+    }
+  }
+}
+
+TEST_CASE("agreement: every replica of every worker sees the same error type inside fn", "[mpi][mismatch]") {
+  const int W = world_size(), w = world_rank();
+  for (int R = 2; R <= 3; ++R) {
+    Strategy& s = strategy_with(R);
+    const int N = W * R;
+    // Mismatches across workers (the last worker differs) and inside one (the last replica).
+    for (int fault = 0; fault < 6; ++fault) {
+      CAPTURE(R, fault);
+      std::vector<int> seen(static_cast<std::size_t>(R), 0);  // 1: shape_error, 2: anything else
+      std::vector<std::string> texts(static_cast<std::size_t>(R));
+      CHECK_THROWS_AS(s.run([&](auto& ctx) {
+                        const int g = ctx.replica_id_in_sync_group();
+                        const bool odd_worker = w == W - 1, odd_replica = g == N - 1;
+                        auto& mine = seen[static_cast<std::size_t>(g - w * R)];
+                        try {
+                          if (fault == 0) ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(odd_worker ? 7 : 8, 1.f));
+                          if (fault == 1 && odd_worker) ctx.reduce_scatter(ReduceOp::sum, std::vector<std::int32_t>(8, 1));
+                          if (fault == 1 && !odd_worker) ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(8, 1.f));
+                          // (Lengths may differ in all_gather; the nests may not.)
+                          if (fault == 2 && odd_worker) ctx.all_gather(std::vector<float>(8, 1.f), mirror::axis0);
+                          if (fault == 2 && !odd_worker) {
+                            ctx.all_gather(std::tuple{std::vector<float>(4, 1.f), std::vector<float>(4, 1.f)},
+                                           mirror::axis0);
+                          }
+                          if (fault == 3 && odd_worker) ctx.all_gather(std::vector<std::int32_t>(8, 1), mirror::axis0);
+                          if (fault == 3 && !odd_worker) ctx.all_gather(std::vector<float>(8, 1.f), mirror::axis0);
+                          if (fault == 4) ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(odd_replica ? 9 : 8, 1.f));
+                          if (fault == 5 && odd_replica) ctx.all_gather(std::vector<float>(8, 1.f), mirror::axis0);
+                          if (fault == 5 && !odd_replica) {
+                            ctx.all_gather(std::tuple{std::vector<float>(4, 1.f), std::vector<float>(4, 1.f)},
+                                           mirror::axis0);
+                          }
+                        } catch (const mirror::shape_error& e) {
+                          mine = 1;
+                          texts[static_cast<std::size_t>(g - w * R)] = e.what();
+                          throw;
+                        } catch (...) {
+                          mine = 2;
+                          throw;
+                        }
+                      }),
+                      mirror::shape_error);
+      CHECK(seen == std::vector<int>(static_cast<std::size_t>(R), 1));
+      for (const auto& t : texts) CHECK(t == texts[0]);
+      check_goes_on(s);
     }
   }
 }

@@ -114,12 +114,7 @@ inline MPI_Datatype datatype_of(detail::element_kind k) {
 }
 
 inline std::string kind_name(detail::element_kind k) {
-  using C = detail::element_kind::category;
-  const char* base = k.cat == C::floating         ? "float"
-                     : k.cat == C::bfloat         ? "bfloat"
-                     : k.cat == C::signed_integer ? "int"
-                                                  : "uint";
-  return detail::format("%s%d", base, 8 * k.bytes).c_str();
+  return detail::format("%s%d", k.category_name(), 8 * k.bytes).c_str();
 }
 
 // min and max of floating-point values as everywhere in mirror (detail::minimum, maximum: a NaN
