@@ -72,6 +72,14 @@ struct checkpoint_dir {
   std::string path(const char* name) const { return (std::filesystem::path(dir) / name).string(); }
 };
 
+// Whether `text` is the same on every worker (compared by hash: one MIN and one MAX all-reduce).
+bool same_on_every_worker(const std::string& text) {
+  std::uint64_t h = std::hash<std::string>{}(text), lo = h, hi = h;
+  MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return lo == hi;
+}
+
 // The calls a program makes outside fn (cross-replica context), each collective across workers.
 struct cross_call {
   const char* name;   // as the error names it
@@ -242,11 +250,7 @@ TEST_CASE("agreement: a mismatch inside one worker is the same shape_error on ev
       // Every worker's copy names the global replica (not the local index 1 or 2).
       CHECK_THAT(what, Catch::Contains("replica " + std::to_string(bad)));
       CHECK_THAT(what, Catch::Contains("collective #2"));
-      // The same text on every worker: gather the lengths and a hash.
-      std::uint64_t h = std::hash<std::string>{}(what), lo = h, hi = h;
-      MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-      MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-      CHECK(lo == hi);
+      CHECK(same_on_every_worker(what));
       check_goes_on(s);
     }
   }
@@ -454,10 +458,7 @@ TEST_CASE("agreement: gather of leaves whose element type differs across workers
       CHECK_THAT(what, Catch::Contains("mirror::Strategy::gather"));
       CHECK_THAT(what, Catch::Contains("element type"));
       CHECK_THAT(what, Catch::Contains("worker " + std::to_string(W - 1)));
-      std::uint64_t h = std::hash<std::string>{}(what), lo = h, hi = h;
-      MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-      MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-      CHECK(lo == hi);
+      CHECK(same_on_every_worker(what));
       // Usable after: a gather every worker agrees on.
       const auto all = s.gather(s.run([](auto& ctx) { return std::vector<int>{ctx.replica_id_in_sync_group()}; }),
                                 mirror::axis0);
@@ -513,6 +514,7 @@ TEST_CASE("agreement: every replica of every worker sees the same error type ins
                       mirror::shape_error);
       CHECK(seen == std::vector<int>(static_cast<std::size_t>(R), 1));
       for (const auto& t : texts) CHECK(t == texts[0]);
+      CHECK(same_on_every_worker(texts[0]));
       check_goes_on(s);
     }
   }
