@@ -52,6 +52,7 @@
 #include <vector>
 #include <mirror/mirror.hpp>
 #include "fault/fault_reference.hpp"  // reference, same
+#include "fault/trial_options.hpp"  // parse_trial_options
 
 namespace {
 
@@ -530,34 +531,13 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_size(MPI_COMM_WORLD, &W);
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  std::uint64_t trials = 300, seed = 1, first = 0;
-  double hang_seconds = 120;
-  bool verbose = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "cluster_fault_injection: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--trials") {
-      trials = std::strtoull(next(), nullptr, 10);
-    } else if (a == "--seed") {
-      seed = std::strtoull(next(), nullptr, 10);
-    } else if (a == "--first") {
-      first = std::strtoull(next(), nullptr, 10);
-    } else if (a == "--hang-seconds") {
-      hang_seconds = std::strtod(next(), nullptr);
-    } else if (a == "--verbose") {
-      verbose = true;
-    } else {
-      std::fprintf(stderr, "usage: mpirun -np W cluster_fault_injection [--trials N] [--seed S] [--first T] "
-                           "[--hang-seconds H] [--verbose]\n");
-      return 2;
-    }
-  }
+  const mirror::test::trial_options options = mirror::test::parse_trial_options(
+      argc, argv,
+      "usage: mpirun -np W cluster_fault_injection [--trials N] [--seed S] [--first T] [--hang-seconds H] [--verbose]",
+      [](const std::string&, mirror::test::trial_options&) { return false; });
+  const std::uint64_t trials = options.trials, seed = options.seed, first = options.first;
+  const double hang_seconds = options.hang_seconds;
+  const bool verbose = options.verbose;
   std::thread dog(watchdog, hang_seconds);
   using Default = mirror::ops::Hierarchical<mirror::ops::ChunkOwnerAllReduce, mirror::ops::MpiAllReduce>;
   using Ordered = mirror::ops::Hierarchical<mirror::ops::ReductionToOneDevice, mirror::ops::MpiAllReduce>;

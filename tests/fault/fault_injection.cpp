@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Randomized fault injection (issue 33): trials of `run` with random replica counts, devices,
+// Randomized fault injection: trials of `run` with random replica counts, devices,
 // ops policies and programs of collectives, most with one injected fault, each outcome checked
 // against what docs/errors.md and docs/guide.md#errors promise, and every clean result against a
 // serial reference. Written from the documentation, not from the implementation:
@@ -46,6 +46,7 @@
 #include <vector>
 #include <mirror/mirror.hpp>
 #include "fault/fault_reference.hpp"  // reference, same
+#include "fault/trial_options.hpp"  // parse_trial_options
 #include "support/fake_device.hpp"
 
 namespace {
@@ -523,37 +524,18 @@ struct cache {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::uint64_t trials = 300, seed = 1, first = 0;
-  double hang_seconds = 120;
-  bool verbose = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "fault_injection: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--trials") {
-      trials = std::strtoull(next(), nullptr, 10);
-    } else if (a == "--seed") {
-      seed = std::strtoull(next(), nullptr, 10);
-    } else if (a == "--first") {
-      first = std::strtoull(next(), nullptr, 10);
-    } else if (a == "--hang-seconds") {
-      hang_seconds = std::strtod(next(), nullptr);
-    } else if (a == "--verbose") {
-      verbose = true;
-    } else if (a == "--selftest-hang") {
-      selftest_hang = true;
-      trials = 1;
-    } else {
-      std::fprintf(stderr, "usage: fault_injection [--trials N] [--seed S] [--first T] [--hang-seconds H] [--verbose] "
-                           "[--selftest-hang]\n");
-      return 2;
-    }
-  }
+  const mirror::test::trial_options options = mirror::test::parse_trial_options(
+      argc, argv,
+      "usage: fault_injection [--trials N] [--seed S] [--first T] [--hang-seconds H] [--verbose] [--selftest-hang]",
+      [](const std::string& flag, mirror::test::trial_options& o) {
+        if (flag != "--selftest-hang") return false;
+        selftest_hang = true;
+        o.trials = 1;
+        return true;
+      });
+  const std::uint64_t trials = options.trials, seed = options.seed, first = options.first;
+  const double hang_seconds = options.hang_seconds;
+  const bool verbose = options.verbose;
   std::thread dog(watchdog, hang_seconds);
   using Threads = mirror::devices::Threads;
   using Fake = mirror::test::FakeDevice;
