@@ -19,11 +19,16 @@ struct element_kind {
 
   /// "float", "bfloat", "int" or "uint": with 8 * bytes, the kind's name in messages (float32).
   constexpr const char* category_name() const noexcept {
-    return cat == category::floating ? "float" : cat == category::bfloat ? "bfloat" : cat == category::signed_integer ? "int" : "uint";
+    return cat == category::floating         ? "float"
+           : cat == category::bfloat         ? "bfloat"
+           : cat == category::signed_integer ? "int"
+                                             : "uint";
   }
   constexpr bool is_floating() const noexcept { return cat == category::floating || cat == category::bfloat; }
   /// The category in the upper byte, the size in the lower one.
-  constexpr std::uint16_t code() const noexcept { return static_cast<std::uint16_t>(static_cast<unsigned>(cat) << 8 | bytes); }
+  constexpr std::uint16_t code() const noexcept {
+    return static_cast<std::uint16_t>(static_cast<unsigned>(cat) << 8 | bytes);
+  }
   static constexpr element_kind from_code(std::uint64_t code) noexcept {
     return {static_cast<category>((code >> 8) & 0xff), static_cast<std::uint8_t>(code & 0xff)};
   }

@@ -2,7 +2,8 @@
 #pragma once
 // A step of a collective that one replica makes for all of them (replica 0's cross-worker step):
 // what it throws must be every replica's error, as the agreement check's is, not a cancellation
-// on the replicas that wait for it (docs/errors.md, "Every replica, the same error").
+// on the replicas that wait for it (docs/errors.md#replica_error: an error of the collective itself
+// is every replica's).
 
 #include <exception>
 #include <utility>
