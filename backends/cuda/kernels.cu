@@ -192,44 +192,35 @@ MIRROR_CUDA_INSTANTIATE(std::int64_t)
 MIRROR_CUDA_INSTANTIATE(std::uint8_t)
 #undef MIRROR_CUDA_INSTANTIATE
 
-int launch_combine(void* stream, ReduceOp op, detail::element_kind type, void* dst, const void* src, std::size_t n) noexcept {
+namespace {
+// Calls `f.template operator()<T>()` with T the device type of `type`'s elements (CUDA's __half
+// and __nv_bfloat16 for the 16-bit floats): the one dispatch from the run-time tag to the kernels.
+template <class F>
+int with_element_type(detail::element_kind type, F&& f) {
   switch (type.code()) {
-    case kind_code<float>: return combine_as<float>(stream, op, dst, src, n);
-    case kind_code<double>: return combine_as<double>(stream, op, dst, src, n);
-    case kind_code<half>: return combine_as<__half>(stream, op, dst, src, n);
-    case kind_code<bfloat16>: return combine_as<__nv_bfloat16>(stream, op, dst, src, n);
-    case kind_code<std::int32_t>: return combine_as<std::int32_t>(stream, op, dst, src, n);
-    case kind_code<std::int64_t>: return combine_as<std::int64_t>(stream, op, dst, src, n);
-    case kind_code<std::uint8_t>: return combine_as<std::uint8_t>(stream, op, dst, src, n);
+    case kind_code<float>: return f.template operator()<float>();
+    case kind_code<double>: return f.template operator()<double>();
+    case kind_code<half>: return f.template operator()<__half>();
+    case kind_code<bfloat16>: return f.template operator()<__nv_bfloat16>();
+    case kind_code<std::int32_t>: return f.template operator()<std::int32_t>();
+    case kind_code<std::int64_t>: return f.template operator()<std::int64_t>();
+    case kind_code<std::uint8_t>: return f.template operator()<std::uint8_t>();
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
+}  // namespace
+
+int launch_combine(void* stream, ReduceOp op, detail::element_kind type, void* dst, const void* src, std::size_t n) noexcept {
+  return with_element_type(type, [&]<class T>() { return combine_as<T>(stream, op, dst, src, n); });
+}
 
 int launch_divide(void* stream, detail::element_kind type, void* p, std::size_t n, std::size_t count) noexcept {
-  switch (type.code()) {
-    case kind_code<float>: return divide_as<float>(stream, p, n, count);
-    case kind_code<double>: return divide_as<double>(stream, p, n, count);
-    case kind_code<half>: return divide_as<__half>(stream, p, n, count);
-    case kind_code<bfloat16>: return divide_as<__nv_bfloat16>(stream, p, n, count);
-    case kind_code<std::int32_t>: return divide_as<std::int32_t>(stream, p, n, count);
-    case kind_code<std::int64_t>: return divide_as<std::int64_t>(stream, p, n, count);
-    case kind_code<std::uint8_t>: return divide_as<std::uint8_t>(stream, p, n, count);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return with_element_type(type, [&]<class T>() { return divide_as<T>(stream, p, n, count); });
 }
 
 int launch_fold_into_all(void* stream, ReduceOp op, detail::element_kind type, void* const* parts, int count,
                          std::size_t n) noexcept {
-  switch (type.code()) {
-    case kind_code<float>: return fold_as<float>(stream, op, parts, count, n);
-    case kind_code<double>: return fold_as<double>(stream, op, parts, count, n);
-    case kind_code<half>: return fold_as<__half>(stream, op, parts, count, n);
-    case kind_code<bfloat16>: return fold_as<__nv_bfloat16>(stream, op, parts, count, n);
-    case kind_code<std::int32_t>: return fold_as<std::int32_t>(stream, op, parts, count, n);
-    case kind_code<std::int64_t>: return fold_as<std::int64_t>(stream, op, parts, count, n);
-    case kind_code<std::uint8_t>: return fold_as<std::uint8_t>(stream, op, parts, count, n);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return with_element_type(type, [&]<class T>() { return fold_as<T>(stream, op, parts, count, n); });
 }
 
 }  // namespace mirror::cuda::impl

@@ -319,6 +319,9 @@ class runtime {
   // only cancelled as missing. The message is built out of line: arrive() is on every
   // collective's path.
   [[noreturn, gnu::cold]] void throw_timeout(int self, bool woke, std::uint64_t number, std::uint64_t epoch);
+  // Makes `error` the parallel call's failure unless one was claimed first (true if it was not):
+  // what rethrow_failure throws on every replica. The caller then cancels.
+  bool claim_failure(std::exception_ptr error) noexcept;
   // What an exchange/barrier of a cancelled call throws.
   [[noreturn, gnu::cold]] void throw_cancelled() const;
   // The claimed failure, once its claimant has published it (state 1 lasts as long as it takes
@@ -461,13 +464,18 @@ MIRROR_DETAIL_INLINE void runtime::cancel() {
 }
 
 MIRROR_DETAIL_INLINE void runtime::fail_collective(std::exception_ptr error) noexcept {
-  // The timeout's protocol: state 2 (the error readable) before the cancel that others act on.
-  int unclaimed = 0;
-  if (failure_state_.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
-    failure_ = std::move(error);
-    failure_state_.store(2, std::memory_order_release);
-  }
+  claim_failure(std::move(error));  // a failure claimed first (a timeout) is kept
   cancel();
+}
+
+MIRROR_DETAIL_INLINE bool runtime::claim_failure(std::exception_ptr error) noexcept {
+  // State 2 (the error readable) before the caller's cancel(), so that a replica seeing the flag
+  // finds the error.
+  int unclaimed = 0;
+  if (!failure_state_.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) return false;
+  failure_ = std::move(error);
+  failure_state_.store(2, std::memory_order_release);
+  return true;
 }
 
 MIRROR_DETAIL_INLINE std::size_t runtime::scratch_bytes() const noexcept {
@@ -662,13 +670,8 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
                        names.c_str()),
         std::move(missing));
   } catch (const timeout_error&) {
-    // The first replica to claim the failure publishes its error (state 2 before cancelled_, so
-    // that a replica seeing the flag set by it finds the error) and throws it; the others drop
-    // theirs and throw that one.
-    int unclaimed = 0;
-    if (failure_state_.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
-      failure_ = std::current_exception();
-      failure_state_.store(2, std::memory_order_release);
+    // The first replica to claim the failure throws its error; the others drop theirs and throw that one.
+    if (claim_failure(std::current_exception())) {
       cancel();
       throw;
     }
