@@ -19,6 +19,7 @@
 #include <mirror/default_ops.hpp>
 #include <mirror/distributed_dataset.hpp>
 #include <mirror/error.hpp>
+#include <mirror/flight_recorder.hpp>
 #include <mirror/input_context.hpp>
 #include <mirror/leaf_traits.hpp>
 #include <mirror/matrix.hpp>

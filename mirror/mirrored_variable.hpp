@@ -4,6 +4,7 @@
 /// `mirror::MirroredVariable<T>`: state kept equal on every replica, synchronised on write.
 
 #include <cstddef>
+#include <mirror/source_location.hpp>
 #include <span>
 #include <tuple>
 #include <string>
@@ -12,6 +13,7 @@
 #include <vector>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
+#include <mirror/detail/agreement_check.hpp>
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
@@ -66,11 +68,18 @@ class MirroredVariable {
     /// Combines every replica's `x` with the aggregation and sets every copy to the result.
     /// Collective: every replica calls it. **Errors**: `aggregation_error` (aggregation `none`),
     /// `shape_error` (leaf sizes differ); in both cases no copy changes.
-    void assign(const T& x) { combine_and_apply(detail::update_kind::assign, x, "assign"); }
+    /// Like every collective, these take a last, defaulted call site that errors name.
+    void assign(const T& x, mirror::source_location where = mirror::source_location::current()) {
+      combine_and_apply(detail::update_kind::assign, x, "assign", where);
+    }
     /// As `assign`, adding the combined value to every copy.
-    void assign_add(const T& x) { combine_and_apply(detail::update_kind::add, x, "assign_add"); }
+    void assign_add(const T& x, mirror::source_location where = mirror::source_location::current()) {
+      combine_and_apply(detail::update_kind::add, x, "assign_add", where);
+    }
     /// As `assign`, subtracting the combined value from every copy.
-    void assign_sub(const T& x) { combine_and_apply(detail::update_kind::sub, x, "assign_sub"); }
+    void assign_sub(const T& x, mirror::source_location where = mirror::source_location::current()) {
+      combine_and_apply(detail::update_kind::sub, x, "assign_sub", where);
+    }
 
     /// Calls `fn(T& copy, const U&...)` on this replica's copy with the values of `args`, every
     /// one a `Synced<U>` (a compile error otherwise), so every replica applies the same step.
@@ -107,13 +116,15 @@ class MirroredVariable {
     /// 3. Every replica's cut of the variable is all-gathered in place into every copy.
     ///
     /// Cuts follow the batch-split rule (`ctx.reduce_scatter`), so any leaf length works.
+    /// `op` carries the call site that errors name (a `ReduceOp` converts to it where it is
+    /// passed: the states' pack leaves no room for a defaulted last parameter).
     /// **Errors**: `shape_error` before anything changes when a gradient or state leaf does not
     /// have the variable's length or this replica's cut of it. An exception from `step` on one
     /// replica leaves the copies unequal (others have applied theirs): rebuild the variable.
     /// **Communication**: a reduce_scatter of the gradient and an all_gather of the variable:
     /// the bytes of one all-reduce, with 1/N of the optimiser's work on each replica.
     template <class Step, class Grads, class... States>
-    void update_sharded(Step&& step, ReduceOp op, const Grads& grads, States&... states) {
+    void update_sharded(Step&& step, detail::sited<ReduceOp> op, const Grads& grads, States&... states) {
       const int n = ctx_->num_replicas_in_sync(), r = ctx_->replica_id_in_sync_group();
       detail::for_each_type(detail::element_types_t<T>{}, [&]<class E>() {
         static_assert(detail::leaf_count<Grads, E>() == detail::leaf_count<T, E>() &&
@@ -127,7 +138,7 @@ class MirroredVariable {
           if (g[j].size() != params[j].size()) {
             throw shape_error(detail::format("%s: gradient leaf %zu has %zu elements but the variable's has %zu; "
                                              "pass the gradient of the whole variable",
-                                             where("update_sharded").c_str(), j, g[j].size(), params[j].size()));
+                                             where("update_sharded", op.where).c_str(), j, g[j].size(), params[j].size()));
           }
           std::size_t index = 0;
           const auto check_state = [&](auto& state) {
@@ -136,14 +147,15 @@ class MirroredVariable {
               throw shape_error(detail::format("%s: state %zu leaf %zu has %zu elements but this replica's cut of "
                                                "the variable's leaf has %zu; make the state with "
                                                "mirror::cut_for_replica",
-                                               where("update_sharded").c_str(), index, j, s[j].size(), cut));
+                                               where("update_sharded", op.where).c_str(), index, j, s[j].size(), cut));
             }
             ++index;
           };
           (check_state(states), ...);
+          (void)check_state;  // (no states: an empty fold)
         }
       });
-      const Grads reduced = ctx_->reduce_scatter(op, grads);
+      const Grads reduced = ctx_->reduce_scatter(op.value, grads, op.where);
       detail::for_each_type(detail::element_types_t<T>{}, [&]<class E>() {
         auto params = detail::leaves_of<E>(*copy_);
         const auto g = detail::leaves_of<E>(reduced);
@@ -155,21 +167,22 @@ class MirroredVariable {
           std::apply([&](const auto&... state) { step(mine, std::span<const E>(g[j]), state[j]...); }, s);
         }
       });
-      ctx_->gather_cuts(*copy_);
+      ctx_->gather_cuts(*copy_, op.where);
     }
 
    private:
-    detail::message where(const char* api) const {
-      return detail::format("mirror::MirroredVariable::handle::%s (replica %d)", api,
-                            ctx_->replica_id_in_sync_group());
+    detail::message where(const char* api, const mirror::source_location& at) const {
+      return detail::format("mirror::MirroredVariable::handle::%s at %s (replica %d)", api,
+                            detail::site_text(at).c_str(), ctx_->replica_id_in_sync_group());
     }
 
     handle(T& copy, VariableAggregation aggregation, Context& ctx) noexcept
         : copy_(&copy), aggregation_(aggregation), ctx_(&ctx) {}
     friend class MirroredVariable;
 
-    void combine_and_apply(detail::update_kind kind, const T& x, const char* api) {
-      const std::string where = std::string("mirror::MirroredVariable::") + api + " (replica " +
+    void combine_and_apply(detail::update_kind kind, const T& x, const char* api, const mirror::source_location& at) {
+      const std::string where = std::string("mirror::MirroredVariable::") + api + " at " +
+                                detail::site_text(at).c_str() + " (replica " +
                                 std::to_string(ctx_->replica_id_in_sync_group()) + ")";
       switch (aggregation_) {
         case VariableAggregation::none:
@@ -178,9 +191,9 @@ class MirroredVariable {
                                                  "or only_first_replica, update it outside run, or use update(fn, "
                                                  "synced...)",
                                                  where.c_str()));
-        case VariableAggregation::sum: finish(kind, *ctx_->all_reduce(ReduceOp::sum, x), where); return;
-        case VariableAggregation::mean: finish(kind, *ctx_->all_reduce(ReduceOp::mean, x), where); return;
-        case VariableAggregation::only_first_replica: finish(kind, *ctx_->broadcast(x, 0), where); return;
+        case VariableAggregation::sum: finish(kind, *ctx_->all_reduce(ReduceOp::sum, x, at), where); return;
+        case VariableAggregation::mean: finish(kind, *ctx_->all_reduce(ReduceOp::mean, x, at), where); return;
+        case VariableAggregation::only_first_replica: finish(kind, *ctx_->broadcast(x, 0, at), where); return;
       }
     }
     void finish(detail::update_kind kind, const T& combined, const std::string& where) {

@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <exception>
 #include <optional>
+#include <mirror/source_location.hpp>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -20,6 +22,8 @@
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
 #include <mirror/backend/collective.hpp>
+#include <mirror/detail/timeline.hpp>
+#include <mirror/flight_recorder.hpp>
 #include <mirror/detail/format.hpp>
 #include <mirror/backend/generic_collectives.hpp>
 #include <mirror/detail/gathered.hpp>
@@ -41,6 +45,10 @@ namespace mirror {
 /// same order, with the same nest types and leaf sizes. A disagreement is a `mirror::shape_error`
 /// on every replica, raised before any value changes; a replica that returns from `fn` without
 /// reaching a collective the others wait in makes them throw `mirror::timeout_error` naming it.
+///
+/// Every collective takes a last, defaulted `mirror::source_location` that callers leave out: the
+/// errors above name each replica's call site as FILE:LINE (docs/errors.md\#call-sites). A
+/// wrapper that calls collectives for its own callers may pass its caller's location on.
 template <class Strategy>
 class ReplicaContext {
  public:
@@ -63,16 +71,19 @@ class ReplicaContext {
   /// **Communication**: the ops policy's; see its header.
   /// **Example**: `auto total = ctx.all_reduce(mirror::ReduceOp::sum, std::span<float>(grads));`
   template <nest T>
-  Synced<std::remove_cvref_t<T>> all_reduce(ReduceOp op, T&& value) {
+  Synced<std::remove_cvref_t<T>> all_reduce(ReduceOp op, T&& value,
+                                            mirror::source_location where = mirror::source_location::current()) {
     using N = std::remove_cvref_t<T>;
     require_reachable_leaves<N>();
+    const recorded in_recorder(*this);
     N result(std::forward<T>(value));
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> sizes{};
     std::size_t k = 0;
     detail::for_each_leaf([&](auto& l) { sizes[k++] = detail::elements_of(l).size(); },
                           result);
-    detail::collective_header header = make_header<N>(detail::collective_kind::all_reduce, static_cast<int>(op), sizes);
+    detail::collective_header header =
+        make_header<N>(detail::collective_kind::all_reduce, static_cast<int>(op), sizes, where, 0, bytes_of(result));
     header.in_place = !detail::all_leaves_own<N>();
     const detail::collective_header* pending = &header;
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
@@ -96,7 +107,8 @@ class ReplicaContext {
   /// **Communication**: every replica's leaves are copied into every replica's result once.
   /// **Example**: `auto all_ids = ctx.all_gather(std::vector<int>{id}, mirror::axis0);`
   template <nest T>
-  Synced<detail::gathered_t<std::remove_cvref_t<T>>> all_gather(T&& value, axis_t<0>) {
+  Synced<detail::gathered_t<std::remove_cvref_t<T>>> all_gather(
+      T&& value, axis_t<0>, mirror::source_location where = mirror::source_location::current()) {
     using N = std::remove_cvref_t<T>;
     static_assert(detail::gatherable<N>(),
                   "mirror::ReplicaContext::all_gather(value, axis0): the result must hold every replica's leaves, but "
@@ -104,6 +116,7 @@ class ReplicaContext {
                   "ctx.all_gather(std::span<const E> in, std::span<E> out, axis0), or a Hana struct with a scalar or "
                   "std::array member, whose type cannot change: make the member a std::vector, or gather a std::tuple");
     require_reachable_leaves<N>();
+    const recorded in_recorder(*this);
     using G = detail::gathered_t<N>;
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> counts{}, widths{};
@@ -114,7 +127,7 @@ class ReplicaContext {
           widths[k++] = detail::row_width(l);
         },
         value);
-    const std::vector<std::size_t>& all = gather_counts<N>(counts, widths, detail::any_size);
+    const std::vector<std::size_t>& all = gather_counts<N>(counts, widths, detail::any_size, where, bytes_of(value));
     G result{};
     k = 0;
     detail::for_each_leaf([&](auto& out) { detail::size_gathered(out, total_of(all, K, k), widths[k]); ++k; }, result);
@@ -137,18 +150,22 @@ class ReplicaContext {
   /// does not overlap any replica's `in`, except that `in` may be exactly this replica's own
   /// part of `out` (in place: the parts of the replicas before it, then it).
   template <class E>
-  void all_gather(std::span<const E> in, std::span<E> out, axis_t<0>) {
+  void all_gather(std::span<const E> in, std::span<E> out, axis_t<0>,
+                  mirror::source_location where = mirror::source_location::current()) {
     require_reachable_leaves<std::span<E>>();
+    const recorded in_recorder(*this);
     const std::array<std::size_t, 1> counts{in.size()}, widths{1};
-    const std::vector<std::size_t>& all = gather_counts<std::span<E>>(counts, widths, out.size());
+    const std::vector<std::size_t>& all =
+        gather_counts<std::span<E>>(counts, widths, out.size(), where, in.size_bytes());
     const std::array<std::span<const E>, 1> ins{in};
     const std::array<std::span<E>, 1> outs{out};
     collectives_.template all_gather_leaves<E>(self_, ins, all, outs, nullptr);
   }
   /// (For a non-const `in`: the same.)
   template <class E>
-  void all_gather(std::span<E> in, std::span<E> out, axis_t<0> axis) {
-    all_gather(std::span<const E>(in), out, axis);
+  void all_gather(std::span<E> in, std::span<E> out, axis_t<0> axis,
+                  mirror::source_location where = mirror::source_location::current()) {
+    all_gather(std::span<const E>(in), out, axis, where);
   }
 
   /// Replica r receives cut r of the `op`-reduction of every replica's `value`: each leaf of n
@@ -168,7 +185,8 @@ class ReplicaContext {
   /// writes the result once ((N+1)·S bytes in all for S bytes per replica).
   /// **Example**: `auto mine = ctx.reduce_scatter(mirror::ReduceOp::sum, std::span<float>(grads));`
   template <nest T>
-  std::remove_cvref_t<T> reduce_scatter(ReduceOp op, T&& value) {
+  std::remove_cvref_t<T> reduce_scatter(ReduceOp op, T&& value,
+                                        mirror::source_location where = mirror::source_location::current()) {
     using N = std::remove_cvref_t<T>;
     static_assert([]<class... Ls>(detail::type_list<Ls...>) {
                     return (true && ... && (leaf_traits<Ls>::rank == 1 && (leaf_traits<Ls>::resizable || leaf_traits<Ls>::is_view) &&
@@ -179,6 +197,7 @@ class ReplicaContext {
                   "length, a matrix is not 1-D: pass its elements as a std::span; a std::span<E, Extent> of a fixed "
                   "extent cannot view a cut of another length: pass a std::span<E>)");
     require_reachable_leaves<N>();
+    const recorded in_recorder(*this);
     constexpr std::size_t K = detail::leaf_count<N>();
     std::optional<N> copy;
     N& in = input_of(value, copy);
@@ -198,8 +217,8 @@ class ReplicaContext {
           }
         },
         in, result);
-    const detail::collective_header header = make_header<N>(detail::collective_kind::reduce_scatter,
-                                                            static_cast<int>(op), sizes);
+    const detail::collective_header header =
+        make_header<N>(detail::collective_kind::reduce_scatter, static_cast<int>(op), sizes, where, 0, bytes_of(in));
     const detail::collective_header* pending = &header;
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
       collectives_.template reduce_scatter_leaves<E>(self_, op, detail::leaves_of<E>(in),
@@ -221,14 +240,17 @@ class ReplicaContext {
   /// of host leaves none of which is resizable travel in the call's one exchange (one
   /// synchronisation instead of three).
   template <nest T>
-  Synced<std::remove_cvref_t<T>> broadcast(T&& value, int from = 0) {
+  Synced<std::remove_cvref_t<T>> broadcast(T&& value, int from = 0,
+                                           mirror::source_location where = mirror::source_location::current()) {
     using N = std::remove_cvref_t<T>;
     require_reachable_leaves<N>();
     if (from < 0 || from >= num_replicas_in_sync()) {
-      throw error(detail::format("mirror::ReplicaContext::broadcast(value, from = %d) on replica %d: "
+      throw error(detail::format("mirror::ReplicaContext::broadcast(value, from = %d) at %s on replica %d: "
                                  "from must be a replica id in 0..%d",
-                                 from, self_, num_replicas_in_sync() - 1));
+                                 from, detail::site_text(where).c_str(), replica_id_in_sync_group(),
+                                 num_replicas_in_sync() - 1));
     }
+    const recorded in_recorder(*this);
     N result(std::forward<T>(value));
     if constexpr (Strategy::multi_worker) {
       // Within the source's worker, from its replica; then that worker's replica 0 sends it to
@@ -236,21 +258,21 @@ class ReplicaContext {
       // One collective of fn, whatever the steps: they share its number.
       const int local = strategy_->num_local_replicas();
       const int root = from / local;
-      const std::uint64_t sequence = ++sequence_;
-      detail::current_position = {sequence, detail::collective_kind::broadcast, from};
+      const std::uint64_t sequence = enter(detail::collective_kind::broadcast, from, where, bytes_of(result));
       {
         // Nothing is written until every replica of every worker agrees on the call.
         const auto shape = broadcast_shape(result);
-        collectives_.check_broadcast(self_, make_header<N>(detail::collective_kind::broadcast, from, shape, sequence),
-                                     root);
+        collectives_.check_broadcast(
+            self_, make_header<N>(detail::collective_kind::broadcast, from, shape, where, sequence), root);
       }
-      if (strategy_->worker_index() == root) result = local_broadcast(std::move(result), from % local, sequence);
+      if (strategy_->worker_index() == root) {
+        result = local_broadcast(std::move(result), from % local, sequence, where);
+      }
       collectives_.cross_broadcast(self_, result, root);
-      return detail::access::synced(local_broadcast(std::move(result), 0, sequence));
+      return detail::access::synced(local_broadcast(std::move(result), 0, sequence, where));
     } else {
-      const std::uint64_t sequence = ++sequence_;
-      detail::current_position = {sequence, detail::collective_kind::broadcast, from};
-      return detail::access::synced(local_broadcast(std::move(result), from, sequence));
+      const std::uint64_t sequence = enter(detail::collective_kind::broadcast, from, where, bytes_of(result));
+      return detail::access::synced(local_broadcast(std::move(result), from, sequence, where));
     }
   }
 
@@ -281,9 +303,9 @@ class ReplicaContext {
   }
 
   /// broadcast among this process's replicas, `from` a local replica index; `sequence` is the
-  /// user's broadcast's number in fn.
+  /// user's broadcast's number in fn, `where` its call site.
   template <class N>
-  N local_broadcast(N result, int from, std::uint64_t sequence) {
+  N local_broadcast(N result, int from, std::uint64_t sequence, const mirror::source_location& where) {
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> sizes{};
     std::size_t k = 0, bytes = 0;
@@ -295,7 +317,8 @@ class ReplicaContext {
         },
         result);
     const auto shape = broadcast_shape(result);
-    const detail::collective_header header = make_header<N>(detail::collective_kind::broadcast, from, shape, sequence);
+    const detail::collective_header header =
+        make_header<N>(detail::collective_kind::broadcast, from, shape, where, sequence);
     if constexpr (!detail::has_device_leaf<N>() && !detail::has_resizable_leaf<N>()) {
       // A few bytes ride in the exchange itself (Strategy::broadcast_bytes). No leaf is
       // resizable, so the call's check covers every size the choice depends on: replicas whose
@@ -349,17 +372,56 @@ class ReplicaContext {
   /// replica 0's thread while the others wait.
   /// **Errors**: an exception from `fn` propagates out of `run` (as `replica_error` on replica 0
   /// unless it is a `mirror::error`).
+  /// **Call site**: with up to four arguments the call's location is captured, as for the other
+  /// collectives (a pack cannot be followed by a defaulted parameter, so each count is an
+  /// overload); with more, messages name "an unknown call site".
+  template <class F>
+  auto merge_call(F&& fn, mirror::source_location where = mirror::source_location::current()) {
+    return merge_call_at(where, std::forward<F>(fn));
+  }
+  /// (merge_call with one argument)
+  template <class F, class A1>
+  auto merge_call(F&& fn, A1&& a1, mirror::source_location where = mirror::source_location::current()) {
+    return merge_call_at(where, std::forward<F>(fn), std::forward<A1>(a1));
+  }
+  /// (merge_call with two arguments)
+  template <class F, class A1, class A2>
+  auto merge_call(F&& fn, A1&& a1, A2&& a2, mirror::source_location where = mirror::source_location::current()) {
+    return merge_call_at(where, std::forward<F>(fn), std::forward<A1>(a1), std::forward<A2>(a2));
+  }
+  /// (merge_call with three arguments)
+  template <class F, class A1, class A2, class A3>
+  auto merge_call(F&& fn, A1&& a1, A2&& a2, A3&& a3, mirror::source_location where = mirror::source_location::current()) {
+    return merge_call_at(where, std::forward<F>(fn), std::forward<A1>(a1), std::forward<A2>(a2),
+                         std::forward<A3>(a3));
+  }
+  /// (merge_call with four arguments)
+  template <class F, class A1, class A2, class A3, class A4>
+  auto merge_call(F&& fn, A1&& a1, A2&& a2, A3&& a3, A4&& a4,
+                  mirror::source_location where = mirror::source_location::current()) {
+    return merge_call_at(where, std::forward<F>(fn), std::forward<A1>(a1), std::forward<A2>(a2),
+                         std::forward<A3>(a3), std::forward<A4>(a4));
+  }
+  /// (merge_call with five arguments or more: no call site)
   template <class F, class... Args>
+    requires(sizeof...(Args) > 4)
   auto merge_call(F&& fn, Args&&... args) {
+    return merge_call_at(mirror::source_location{}, std::forward<F>(fn), std::forward<Args>(args)...);
+  }
+
+ private:
+  template <class F, class... Args>
+  auto merge_call_at(const mirror::source_location& where, F&& fn, Args&&... args) {
     using Result = std::invoke_result_t<F&, Strategy&, PerReplica<std::decay_t<Args>>...>;
     static_assert(!detail::is_synced<Result>::value,
                   "mirror::ReplicaContext::merge_call(fn, args...): fn runs in cross-replica context "
                   "and must return a plain value (merge_call wraps it in Synced)");
+    const recorded in_recorder(*this);
     const auto mine = std::forward_as_tuple(std::as_const(args)...);
     using Args_tuple = decltype(mine);
     const std::array<std::size_t, 0> no_sizes{};
     const detail::collective_header header = make_header<std::tuple<F, std::decay_t<Args>...>>(
-        detail::collective_kind::merge_call, 0, no_sizes);
+        detail::collective_kind::merge_call, 0, no_sizes, where);
     auto gather = [&](std::span<const void* const> all) {
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
         return std::tuple<PerReplica<std::decay_t<Args>>...>(
@@ -384,11 +446,57 @@ class ReplicaContext {
     }
   }
 
- private:
   using collectives_type = detail::replica_collectives<typename Strategy::runtime_type, typename Strategy::ops_type>;
 
-  ReplicaContext(Strategy& s, int self) noexcept
-      : strategy_(&s), collectives_(s.runtime(), s.ops()), self_(self) {}
+  /// `track`: this replica's timeline track, or null with the timeline off.
+  ReplicaContext(Strategy& s, int self, FlightRecorder& recorder, detail::trace_track* track) noexcept
+      : strategy_(&s), collectives_(s.runtime(), s.ops()), self_(self), recorder_(&recorder), track_(track) {
+    detail::recorder_writer::begin_run(recorder, self);
+    detail::current_recorder = &recorder;
+    detail::current_track = track;
+    if (track != nullptr) track->fn_begin = detail::trace_now();
+  }
+
+  /// Ends the collective that the enclosing public call entered (if it entered one) in the
+  /// flight recorder and the timeline: completed, or failed when an exception leaves the call.
+  class recorded {
+   public:
+    explicit recorded(ReplicaContext& c) noexcept
+        : c_(c), before_(c.sequence_), exceptions_(c.diagnosed() ? std::uncaught_exceptions() : 0) {}
+    recorded(const recorded&) = delete;
+    recorded& operator=(const recorded&) = delete;
+    ~recorded() {
+      if (!c_.diagnosed() || c_.sequence_ == before_) return;
+      const bool failed = std::uncaught_exceptions() > exceptions_;
+      detail::recorder_writer::finish(*c_.recorder_, c_.self_, failed);
+      if (c_.track_ != nullptr) {
+        detail::trace_event& e = c_.track_->open;
+        e.end = detail::trace_now();
+        e.failed = failed;
+        c_.track_->push(e);
+      }
+    }
+
+   private:
+    ReplicaContext& c_;
+    std::uint64_t before_;
+    int exceptions_;
+  };
+  /// Whether a collective's end is recorded (the flight recorder keeps records, or the timeline is on).
+  bool diagnosed() const noexcept { return recorder_->kept() != 0 || track_ != nullptr; }
+
+  /// What a nest's leaves hold, in bytes (for the flight recorder).
+  template <class N>
+  std::uint64_t bytes_of(const N& nest) const noexcept {
+    std::uint64_t bytes = 0;
+    if (!diagnosed()) return bytes;
+    detail::for_each_leaf(
+        [&](const auto& l) {
+          bytes += detail::elements_of(l).size() * sizeof(leaf_element_t<std::remove_cvref_t<decltype(l)>>);
+        },
+        nest);
+    return bytes;
+  }
   friend Strategy;
   template <class> friend class MirroredVariable;  // update_sharded's gather_cuts
 
@@ -400,31 +508,59 @@ class ReplicaContext {
     return v;
   }
 
+  /// Starts this replica's next collective of fn, passing `bytes`: its number, which becomes
+  /// the thread's detail::current_position (for error messages) and this replica's latest call
+  /// in the flight recorder (for the other replicas' timeouts, and its records).
+  std::uint64_t enter(detail::collective_kind kind, int param, const mirror::source_location& where,
+                      std::uint64_t bytes) noexcept {
+    const std::uint64_t sequence = ++sequence_;
+    detail::current_position = {sequence, kind, param, where};
+    detail::recorder_writer::start(*recorder_, self_, detail::current_position, bytes);
+    if (track_ != nullptr) {
+      detail::trace_event& e = track_->open;
+      e = {};
+      e.begin = detail::trace_now();
+      e.kind = detail::trace_kind::collective;
+      e.sequence = sequence;
+      e.call = static_cast<std::uint64_t>(kind) << 32 | static_cast<std::uint32_t>(param);
+      e.bytes = bytes;
+      e.where = where;
+    }
+    return sequence;
+  }
+
   /// The header of one step of this replica's collective number `sequence` in fn (0: the next
-  /// collective, which then also becomes the thread's detail::current_position, for error
-  /// messages; a broadcast numbers and places itself).
+  /// collective, which make_header enters with `bytes`; a broadcast enters and numbers itself).
   template <class N, std::size_t K>
   detail::collective_header make_header(detail::collective_kind kind, int param,
-                                        const std::array<std::size_t, K>& sizes, std::uint64_t sequence = 0) {
-    if (sequence == 0) {
-      sequence = ++sequence_;
-      detail::current_position = {sequence, kind, param};
-    }
-    return {kind,       param, sequence, &typeid(N), K, detail::shape_hash(sizes.data(), K), sizes.data(),
-            detail::leaf_type_infos<N>, false};
+                                        const std::array<std::size_t, K>& sizes, const mirror::source_location& where,
+                                        std::uint64_t sequence = 0, std::uint64_t bytes = 0) {
+    if (sequence == 0) sequence = enter(kind, param, where, bytes);
+    return {kind,
+            param,
+            sequence,
+            &typeid(N),
+            K,
+            detail::shape_hash(sizes.data(), K, detail::nest_hash<N>()),
+            sizes.data(),
+            detail::leaf_type_infos<N>,
+            false,
+            where};
   }
 
   /// The last step of MirroredVariable's update_sharded: every replica's cut of each leaf of its
   /// `copy` (owning 1-D leaves, the same lengths on every replica) into every replica's copy, in
   /// place. The lengths are known everywhere, so only the agreement check is exchanged.
   template <class N>
-  void gather_cuts(N& copy) {
+  void gather_cuts(N& copy, const mirror::source_location& where) {
+    const recorded in_recorder(*this);
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> sizes{};
     std::size_t k = 0;
     detail::for_each_leaf([&](auto& l) { sizes[k++] = detail::elements_of(l).size(); },
                           copy);
-    const detail::collective_header header = make_header<N>(detail::collective_kind::all_gather, 0, sizes);
+    const detail::collective_header header =
+        make_header<N>(detail::collective_kind::all_gather, 0, sizes, where, 0, bytes_of(copy));
     const detail::collective_header* pending = &header;
     const int n = num_replicas_in_sync(), g = replica_id_in_sync_group();
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
@@ -465,10 +601,12 @@ class ReplicaContext {
   /// and that a span form's `out_size` is the total (any_size: no span form).
   template <class N, std::size_t K>
   const std::vector<std::size_t>& gather_counts(const std::array<std::size_t, K>& counts,
-                                                const std::array<std::size_t, K>& widths, std::size_t out_size) {
+                                                const std::array<std::size_t, K>& widths, std::size_t out_size,
+                                                const mirror::source_location& where, std::uint64_t bytes) {
     std::array<std::size_t, K> shape{};
     shape.fill(detail::any_size);  // the lengths may differ: they are checked below, not hashed
-    const detail::collective_header header = make_header<N>(detail::collective_kind::all_gather, 0, shape);
+    const detail::collective_header header =
+        make_header<N>(detail::collective_kind::all_gather, 0, shape, where, 0, bytes);
     collectives_.gather_counts(self_, header, counts.data(), widths.data(), K, out_size, counts_);
     return counts_;
   }
@@ -476,6 +614,8 @@ class ReplicaContext {
   Strategy* strategy_;
   collectives_type collectives_;  // every collective goes through it to the ops policy
   int self_;
+  FlightRecorder* recorder_;         // the strategy's: this replica's lane is self_
+  detail::trace_track* track_;       // this replica's timeline track (null: the timeline is off)
   std::vector<std::size_t> counts_;  // gather_counts' result, reused by the replica's next all_gather
   std::uint64_t sequence_ = 0;
 };

@@ -6,11 +6,13 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <new>
 #include <optional>
+#include <mirror/source_location.hpp>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -24,6 +26,8 @@
 #include <mirror/default_device.hpp>
 #include <mirror/default_ops.hpp>
 #include <mirror/detail/access.hpp>
+#include <mirror/detail/timeline.hpp>
+#include <mirror/flight_recorder.hpp>
 #include <mirror/backend/collective.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/element_ops.hpp>
@@ -97,7 +101,10 @@ class Strategy {
   explicit Strategy(Device device = {}, Ops ops = {})
       : rt_(device), ops_(std::move(ops)), errors_(static_cast<std::size_t>(rt_.num_replicas())) {
     if constexpr (requires { ops_.validate(rt_); }) ops_.validate(rt_);
+    if (const char* path = std::getenv("MIRROR_TIMELINE"); path != nullptr && path[0] != '\0') set_timeline(path);
   }
+  /// Ends the timeline file, if one is being written.
+  ~Strategy() { set_timeline(std::string()); }
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
 
@@ -161,15 +168,17 @@ class Strategy {
     (check_components(args, index++), ...);
     std::lock_guard lock(run_mutex_);
     const detail::run_phases phases(workers_or_null());  // multi-worker: a failure belongs to this run
+    detail::recorder_writer::next_run(recorder_);
     const int n = num_local_replicas();
     detail::replica_errors& errors = errors_;  // reused: runs are serialised
     if constexpr (std::is_void_v<Result>) {
       rt_.parallel([&](int r) noexcept {
         detail::guarded(rt_, errors, r, first_local_replica(), [&] {
-          context_type ctx(*this, r);
+          context_type ctx(*this, r, recorder_, timeline_.replica_track(r));
           detail::call_fn(rt_, fn, ctx, r, args...);
         });
       });
+      timeline_.drain_if_full();
       rethrow_first(errors);
     } else if constexpr (detail::keeps_results_in_areas<runtime_type, Result>) {
       // Each replica builds its result in the runtime's result area, on the line the caller
@@ -180,7 +189,7 @@ class Strategy {
       rt_.parallel([&](int r) noexcept {
         auto* mine = ::new (rt_.result_area(r)) std::optional<Result>();
         detail::guarded(rt_, errors, r, first_local_replica(), [&] {
-          context_type ctx(*this, r);
+          context_type ctx(*this, r, recorder_, timeline_.replica_track(r));
           mine->emplace(detail::call_fn(rt_, fn, ctx, r, args...));
         });
       });
@@ -189,6 +198,7 @@ class Strategy {
         if (theirs->has_value()) out.take(r, std::move(**theirs));  // nothrow: keeps_results_in_areas
         theirs->~optional();
       }
+      timeline_.drain_if_full();
       rethrow_first(errors);
       return std::move(out).finish();
     } else {
@@ -196,10 +206,11 @@ class Strategy {
       typename detail::run_result<Result>::collector out(static_cast<std::size_t>(n));
       rt_.parallel([&](int r) noexcept {
         detail::guarded(rt_, errors, r, first_local_replica(), [&] {
-          context_type ctx(*this, r);
+          context_type ctx(*this, r, recorder_, timeline_.replica_track(r));
           out.take(r, detail::call_fn(rt_, fn, ctx, r, args...));
         });
       });
+      timeline_.drain_if_full();
       rethrow_first(errors);
       return std::move(out).finish();
     }
@@ -224,7 +235,7 @@ class Strategy {
   /// made by T's own copy constructor). Outside `run` only: inside `merge_call` it throws
   /// `mirror::error`.
   template <class V>
-  auto reduce(ReduceOp op, const V& value) {
+  auto reduce(ReduceOp op, const V& value, mirror::source_location where = mirror::source_location::current()) {
     static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
                   "mirror::Strategy::reduce(op, value): value must be a PerReplica<T> or Mirrored<T> "
                   "(what run returns); inside fn, use ctx.all_reduce instead");
@@ -236,8 +247,9 @@ class Strategy {
     if (value.size() != static_cast<std::size_t>(num_local_replicas())) {
       detail::throw_component_count_error("reduce(op, value)", value.size(), num_local_replicas(), multi_worker);
     }
+    const detail::at_call_site site(where);
     if constexpr (detail::has_device_leaf<T>()) {
-      return reduce_on_devices(op, value);
+      return reduce_on_devices(op, value, where);
     } else {
       return reduce_on_host(op, value);
     }
@@ -245,7 +257,7 @@ class Strategy {
 
  private:
   template <class V>
-  auto reduce_on_devices(ReduceOp op, const V& value) {
+  auto reduce_on_devices(ReduceOp op, const V& value, const mirror::source_location& where) {
     using T = typename V::value_type;
     static_assert(!runtime_type::host_addressable,
                   "mirror::Strategy::reduce(op, value): value holds device-resident leaves (GPU memory) but "
@@ -255,7 +267,7 @@ class Strategy {
       throw error("mirror::Strategy::reduce(op, value): value holds device-resident leaves, which the replicas "
                   "reduce on their devices; inside fn or merge_call that cannot start — use ctx.all_reduce there");
     }
-    auto reduced = run([op](auto& ctx, const T& mine) { return ctx.all_reduce(op, mine); }, value);
+    auto reduced = run([op, where](auto& ctx, const T& mine) { return ctx.all_reduce(op, mine, where); }, value);
     // Every stream's share of the all-reduce precedes the tail of replica 0's stream (the
     // collective's barriers make it wait on the others' events): that one stream is enough.
     if constexpr (requires { rt_.synchronize(0); }) rt_.synchronize(0);
@@ -289,7 +301,7 @@ class Strategy {
   /// **Errors**: `mirror::shape_error` for the integer `mean` of zero elements (floats give NaN),
   /// or when `value` does not have one component per (local) replica.
   template <class V>
-  auto reduce(ReduceOp op, const V& value, axis_t<0>) {
+  auto reduce(ReduceOp op, const V& value, axis_t<0>, mirror::source_location where = mirror::source_location::current()) {
     static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
                   "mirror::Strategy::reduce(op, value, axis0): value must be a PerReplica<T> or "
                   "Mirrored<T> (what run returns)");
@@ -309,6 +321,7 @@ class Strategy {
     for (const T& c : components) ptrs.push_back(&c);
     R out{};
     if constexpr (multi_worker) {
+      const detail::at_call_site site(where);
       detail::reduce_axis0_across_workers<T>(*rt_.workers(), op, out, std::move(ptrs));
     } else {
       detail::reduce_axis0_into<T>(op, out, std::move(ptrs));
@@ -336,8 +349,12 @@ class Strategy {
   /// On a multi-worker device this is collective: every worker calls it in the same order, and
   /// every copy starts as the chief's `init` (TF broadcasts it, so unseeded initialisers agree).
   template <class T>
-  MirroredVariable<T> make_variable(T init, VariableAggregation aggregation = VariableAggregation::none) {
-    if constexpr (multi_worker) detail::broadcast_nest(*rt_.workers(), init, 0, "mirror::Strategy::make_variable");
+  MirroredVariable<T> make_variable(T init, VariableAggregation aggregation = VariableAggregation::none,
+                                    mirror::source_location where = mirror::source_location::current()) {
+    if constexpr (multi_worker) {
+      const detail::at_call_site site(where);
+      detail::broadcast_nest(*rt_.workers(), init, 0, "mirror::Strategy::make_variable");
+    }
     return detail::access::make<MirroredVariable<T>>(init, num_local_replicas(), aggregation);
   }
 
@@ -347,9 +364,11 @@ class Strategy {
   /// Multi-worker: collective like `make_variable` (the chief's `init`); its cross-replica
   /// `value()` and `assign` are collective too (they combine or count every worker's copies).
   template <class T>
-  SyncOnReadVariable<T> make_sync_on_read_variable(T init, VariableAggregation aggregation) {
+  SyncOnReadVariable<T> make_sync_on_read_variable(T init, VariableAggregation aggregation,
+                                                   mirror::source_location where = mirror::source_location::current()) {
     detail::worker_group* g = nullptr;
     if constexpr (multi_worker) {
+      const detail::at_call_site site(where);
       g = rt_.workers();
       detail::broadcast_nest(*g, init, 0, "mirror::Strategy::make_sync_on_read_variable");
     }
@@ -395,8 +414,10 @@ class Strategy {
   /// A `Mirrored<T>` holding one copy of `value` per (local) replica. Multi-worker: collective,
   /// and every copy on every worker is the chief's `value`.
   template <class T>
-  Mirrored<std::remove_cvref_t<T>> broadcast(const T& value) {
+  Mirrored<std::remove_cvref_t<T>> broadcast(const T& value,
+                                             mirror::source_location where = mirror::source_location::current()) {
     if constexpr (multi_worker) {
+      const detail::at_call_site site(where);
       std::remove_cvref_t<T> chief(value);
       detail::broadcast_nest(*rt_.workers(), chief, 0, "mirror::Strategy::broadcast");
       return detail::access::mirrored(
@@ -417,7 +438,7 @@ class Strategy {
   /// **Errors**: `mirror::shape_error` when the components' matrices differ in their columns, or
   /// when `value` does not have one component per (local) replica.
   template <class V>
-  auto gather(const V& value, axis_t<0>) {
+  auto gather(const V& value, axis_t<0>, mirror::source_location where = mirror::source_location::current()) {
     static_assert(detail::is_per_replica<V>::value || detail::is_mirrored<V>::value,
                   "mirror::Strategy::gather(value, axis0): value must be a PerReplica<T> or Mirrored<T> (what run "
                   "returns); inside fn, use ctx.all_gather instead");
@@ -439,6 +460,7 @@ class Strategy {
     auto out = detail::gather_components(local_results(value), first_local_replica(), local_problem);
     if (!multi_worker && !local_problem.empty()) throw shape_error(local_problem);
     if constexpr (multi_worker) {
+      const detail::at_call_site site(where);
       detail::gather_nest_across_workers(*rt_.workers(), out, local_problem, "mirror::Strategy::gather");
     }
     return out;
@@ -472,6 +494,41 @@ class Strategy {
   runtime_type& runtime() noexcept { return rt_; }
   /// The ops policy this strategy reduces with.
   const Ops& ops() const noexcept { return ops_; }
+
+  /// Each local replica's last collectives: what, where, when, how they ended (docs/debugging.md).
+  /// Read it at any time, from any thread; a timeout or mismatch raised in fn carries its table.
+  const FlightRecorder& flight_recorder() const noexcept { return recorder_; }
+  /// Keeps the last `n` collectives of each replica from now on, forgetting what was kept
+  /// (0: only each replica's latest call, which timeouts name; the default is
+  /// MIRROR_FLIGHT_RECORDER, else FlightRecorder::default_kept). Outside `run` only (inside it
+  /// throws `mirror::error`); waits for a `run` on another thread to end.
+  void set_flight_recorder(std::size_t n) {
+    if (rt_.in_parallel()) {
+      throw error("mirror::Strategy::set_flight_recorder: called inside a replica function; set it between runs");
+    }
+    std::lock_guard lock(run_mutex_);
+    detail::recorder_writer::keep(recorder_, n);
+  }
+
+  /// Writes a timeline of this strategy's runs to `path` from now on, as a Chrome trace (JSON)
+  /// that Perfetto (ui.perfetto.dev) and chrome://tracing open: a track per replica with its fn,
+  /// its collectives and their phases, and on a multi-worker device one per worker's
+  /// communication thread with its MPI calls; worker w of several writes FILE with ".worker<w>"
+  /// before a ".json" suffix (docs/debugging.md\#the-timeline). An empty path ends the file;
+  /// destroying the strategy does too. The environment variable MIRROR_TIMELINE=FILE starts one
+  /// at construction. Outside `run` only (inside it throws `mirror::error`).
+  /// **Errors**: `backend_error` when the file cannot be written.
+  void set_timeline(const std::string& path) {
+    if (rt_.in_parallel()) {
+      throw error("mirror::Strategy::set_timeline: called inside a replica function; set it between runs");
+    }
+    std::lock_guard lock(run_mutex_);
+    if constexpr (multi_worker) rt_.workers()->trace_to(nullptr);
+    timeline_.close();
+    if (path.empty()) return;
+    timeline_.open(path);
+    if constexpr (multi_worker) rt_.workers()->trace_to(timeline_.comm_track());
+  }
 
  private:
   template <class A>
@@ -508,7 +565,7 @@ class Strategy {
   }
   /// Rethrows the lowest replica's error, if any, leaving `errors` empty for the next run.
   void rethrow_first(detail::replica_errors& errors) const {
-    detail::rethrow_first(errors, first_local_replica());
+    detail::rethrow_first(errors, first_local_replica(), &recorder_);
   }
 
   /// Runs body(arg, part, parts) over the device's threads when the work is large and we are
@@ -531,6 +588,10 @@ class Strategy {
   runtime_type rt_;
   Ops ops_;
   detail::replica_errors errors_;  // one per replica, for run (guarded by run_mutex_)
+  // Each replica's last collectives (timeouts name where each replica is from it).
+  FlightRecorder recorder_{rt_.num_replicas(), first_local_replica(), detail::kept_from_environment()};
+  // The timeline's tracks and file (off unless set_timeline or MIRROR_TIMELINE).
+  detail::timeline timeline_{rt_.num_replicas(), worker_index(), num_workers()};
   std::mutex run_mutex_;
 };
 

@@ -4,6 +4,7 @@
 /// `mirror::SyncOnReadVariable<T>`: per-replica state, aggregated when read across replicas.
 
 #include <cstddef>
+#include <mirror/source_location.hpp>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -11,6 +12,7 @@
 #include <vector>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
+#include <mirror/detail/agreement_check.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/host_reduce.hpp>
 #include <mirror/detail/leaf_math.hpp>
@@ -71,8 +73,10 @@ class SyncOnReadVariable {
   /// How a cross-replica read combines the copies.
   VariableAggregation aggregation() const noexcept { return aggregation_; }
 
-  /// The aggregated value (see the class comment).
-  T value() const {
+  /// The aggregated value (see the class comment). Multi-worker: collective; `where`, left
+  /// out by callers, is the call site that a cross-worker error names.
+  T value(mirror::source_location where = mirror::source_location::current()) const {
+    const detail::at_call_site site(where);
     switch (aggregation_) {
       case VariableAggregation::none:
         throw aggregation_error(
@@ -90,7 +94,7 @@ class SyncOnReadVariable {
     return copies_.front();
   }
   /// Same as `value()`.
-  T read() const { return value(); }
+  T read(mirror::source_location where = mirror::source_location::current()) const { return value(where); }
 
   /// Sets every copy so that the aggregated read gives `v`: `v / N` in each copy for `sum`
   /// (TF's rule), `v` for the other aggregations. **Errors**: `shape_error` when `v`'s leaves

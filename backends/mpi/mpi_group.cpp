@@ -281,6 +281,12 @@ void group::all_gather_counts(const std::size_t* mine, std::size_t per_worker, s
 
 void group::next_phase() noexcept { impl_->phase.fetch_add(1, std::memory_order_relaxed); }
 
+void group::trace_to(detail::trace_track* track) noexcept {
+  // Under the mutex the communication thread takes each job under: it sees the change at its next.
+  std::lock_guard lock(impl_->mutex);
+  impl_->trace = track;
+}
+
 void group::report_failure(int global_replica, const std::exception_ptr& failure) noexcept {
   impl& m = *impl_;
   try {

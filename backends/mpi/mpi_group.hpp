@@ -67,6 +67,7 @@ class group final : public detail::worker_group {
   void all_gather_counts(const std::size_t* mine, std::size_t per_worker, std::size_t* all, const char* what) override;
   void next_phase() noexcept override;
   void report_failure(int global_replica, const std::exception_ptr& failure) noexcept override;
+  void trace_to(detail::trace_track* track) noexcept override;
   ///@}
 
  private:

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 #include <mirror/backend/cut_of.hpp>
+#include <mirror/flight_recorder.hpp>
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/worker_group.hpp>
 #include <mirror/error.hpp>
@@ -354,15 +355,22 @@ void enqueue_group(comms& c, int rank, cudaStream_t s, std::chrono::milliseconds
     abort_all(c);
     std::string names;
     for (int r : missing) names += detail::format("%s%d", names.empty() ? "" : ", ", r).c_str();
+    // Where each local replica is: the call it waits in, or its last one (empty outside a run).
+    const detail::message replicas = detail::describe_replicas(
+        c.first_rank, rank, [&](int r) { return c.entered[static_cast<std::size_t>(r)].load() >= seq; });
+    const bool described = replicas.c_str()[0] != '\0';
     throw timeout_error(
-        detail::format("mirror::ops::NcclAllReduce: replica %d waited %lld ms %s; replicas {%s} had not enqueued it%s; "
-                       "the communicators were aborted",
-                       c.first_rank + rank, static_cast<long long>(timeout.count()), stage.c_str(), names.c_str(),
+        detail::with_flight_record(detail::format(
+            "mirror::ops::NcclAllReduce: replica %d waited %lld ms %s in %s; replicas {%s} had not "
+                       "enqueued it%s%s%s%s; the communicators were aborted",
+                       c.first_rank + rank, static_cast<long long>(timeout.count()), stage.c_str(),
+                       detail::describe_position("a collective").c_str(), names.c_str(), described ? " (" : "",
+                       replicas.c_str(), described ? ")" : "",
                        missing.empty() ? (c.nranks > static_cast<int>(c.comm.size())
                                               ? " (all of this worker's had: the GPUs, links or other workers did "
                                                 "not complete it)"
                                               : " (all had: the GPUs or links did not complete it)")
-                                       : ""),
+                                       : "")),
         missing);
   };
   // The watchdog, deferred: earlier collectives of this rank that have finished are retired; one

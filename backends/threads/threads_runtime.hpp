@@ -23,6 +23,7 @@
 #include <mirror/backends/threads/usable_cores.hpp>
 #include <mirror/concepts/device.hpp>
 #include <mirror/backend/collective.hpp>
+#include <mirror/flight_recorder.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/backend/exchanged.hpp>
 #include <mirror/detail/format.hpp>
@@ -659,15 +660,20 @@ MIRROR_DETAIL_INLINE void runtime::throw_timeout(int self, bool woke, std::uint6
   // std::make_exception_ptr, a template that every header-only translation unit would
   // instantiate for the error type (docs/design.md#compile-time).
   const detail::message where = detail::describe_position("a collective");
+  // Where every replica is: the call each one that arrived waits in, the last call of the others.
+  const detail::message replicas = detail::describe_replicas(
+      first_id_, self, [&](int r) { return row[r].arrived.load(std::memory_order_acquire) == number; });
+  const bool described = replicas.c_str()[0] != '\0';
   try {
     // (One format call for both messages: GCC checks both strings against the arguments.)
     throw timeout_error(
-        detail::format(woke ? "mirror: replica %d waits in %s%.0llu, which replicas {%s} returned from fn without "
-                              "reaching; every replica must make the same collective calls"
-                            : "mirror: replica %d waited in %s for %llu ms, and replicas {%s} did not reach it; "
-                              "raise devices::Threads{.timeout} if they are just slow",
-                       first_id_ + self, where.c_str(), static_cast<unsigned long long>(woke ? 0 : timeout_ns_ / 1'000'000),
-                       names.c_str()),
+        detail::with_flight_record(detail::format(
+            woke ? "mirror: replica %d waits in %s%.0llu, which replicas {%s} returned from fn without "
+                   "reaching%s%s%s; every replica must make the same collective calls"
+                 : "mirror: replica %d waited in %s for %llu ms, and replicas {%s} did not reach it%s%s%s; "
+                   "raise devices::Threads{.timeout} if they are just slow",
+            first_id_ + self, where.c_str(), static_cast<unsigned long long>(woke ? 0 : timeout_ns_ / 1'000'000),
+            names.c_str(), described ? " (" : "", replicas.c_str(), described ? ")" : "")),
         std::move(missing));
   } catch (const timeout_error&) {
     // The first replica to claim the failure throws its error; the others drop theirs and throw that one.

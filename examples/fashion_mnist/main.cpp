@@ -80,6 +80,7 @@ struct Options {
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::size_t limit = 0;  // 0: the whole training set
   std::string device = "threads";
+  std::string timeline;  // --timeline FILE: the strategy's timeline (docs/debugging.md)
 };
 
 constexpr const char* usage_text =
@@ -103,7 +104,9 @@ constexpr const char* usage_text =
     "                    per GPU, ReductionToOneDevice when replicas share a GPU);\n"
     "                    auto: cuda when a GPU is visible, else threads; cluster: one worker of\n"
     "                    devices::Cluster<Threads>, launched with mpirun -np W (MPI builds; --replicas\n"
-    "                    is per worker, policy default)\n";
+    "                    is per worker, policy default)\n"
+    "  --timeline FILE   write a timeline of the training to FILE, a Chrome trace that Perfetto and\n"
+    "                    chrome://tracing open (each worker of a cluster: FILE.worker<w>.json)\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
   std::fprintf(stderr, "fashion_mnist: %s\n%s", msg.c_str(), usage_text);
@@ -160,6 +163,8 @@ Options parse(int argc, char** argv) {
       if (o.optimizer != "sharded" && o.optimizer != "replicated") usage_error("unknown --optimizer '" + o.optimizer + "'");
     } else if (a == "--data") {
       o.data = v;
+    } else if (a == "--timeline") {
+      o.timeline = v;
     } else if (a == "--device") {
       o.device = v;
       if (o.device != "threads" && o.device != "cuda" && o.device != "auto" && o.device != "cluster") {
@@ -248,6 +253,7 @@ template <class Device, class Ops, bool Sharded>
 double train_and_test(const Options& o, const fm::split& train, const fm::split& test, Device device) {
   using Strategy = mirror::Strategy<Device, Ops>;
   Strategy strategy{device};
+  if (!o.timeline.empty()) strategy.set_timeline(o.timeline);
   chief = strategy.is_chief();
   const int replicas = strategy.num_replicas_in_sync();  // in every worker
   const int local = strategy.num_local_replicas();       // in this process
@@ -429,6 +435,7 @@ double train_and_test_on_gpus(const Options& o, const fm::split& train, const fm
                               const mirror::devices::Cuda& device) {
   namespace gpu = fm::gpu;
   mirror::Strategy<mirror::devices::Cuda, Ops> strategy{device};  // first: no GPU is its error
+  if (!o.timeline.empty()) strategy.set_timeline(o.timeline);
   const int replicas = strategy.num_replicas_in_sync();
   const std::size_t rows_per_replica = (o.batch_size + static_cast<std::size_t>(replicas) - 1) / replicas;
   const std::size_t eval_rows = (test.rows + static_cast<std::size_t>(replicas) - 1) / replicas;

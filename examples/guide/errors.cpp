@@ -4,8 +4,13 @@
 // keeps the two equal). Exits 1 when an error is not the documented one.
 #include <mirror/mirror.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <mirror/source_location.hpp>
+#include <span>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 static int failures = 0;
@@ -15,6 +20,17 @@ static void check(bool ok, const char* what) {
     ++failures;
   }
 }
+
+// [call_site_helper]
+// A helper that makes a collective for its caller passes the caller's call site on.
+template <class Ctx>
+float global_norm(Ctx& ctx, std::span<const float> g,
+                  mirror::source_location where = mirror::source_location::current()) {
+  float local = 0;
+  for (float x : g) local += x * x;
+  return std::sqrt(*ctx.all_reduce(mirror::ReduceOp::sum, local, where));
+}
+// [/call_site_helper]
 
 int main() {
   // [strategy]
@@ -79,6 +95,21 @@ int main() {
     std::printf("timeout_error, missing replica %d: %s\n", e.missing().at(0), e.what());
   }
   // [/timeout_error]
+
+  // [call_sites]
+  const unsigned norm_line = __LINE__ + 4;
+  try {
+    strategy.run([](auto& ctx) {
+      const std::vector<float> g(4, 1.0f);
+      if (ctx.replica_id_in_sync_group() == 0) return global_norm(ctx, g);
+      return *ctx.all_reduce(mirror::ReduceOp::max, 1.0f);
+    });
+  } catch (const mirror::shape_error& e) {
+    std::printf("shape_error: %s\n", e.what());
+    const std::string site = std::string(__FILE__) + ":" + std::to_string(norm_line);
+    check(std::strstr(e.what(), (site + " but").c_str()) != nullptr, "the helper's caller is named");
+  }
+  // [/call_sites]
 
   // [aggregation_error]
   auto v = strategy.make_variable(0.0f);                      // aggregation none

@@ -8,6 +8,8 @@
 #include <mirror/detail/agreement_check.hpp>
 #include <mirror/detail/for_all_replicas.hpp>
 #include <mirror/error.hpp>
+#include <mirror/detail/timeline.hpp>
+#include <mirror/flight_recorder.hpp>
 
 namespace mirror::backend {
 
@@ -49,6 +51,8 @@ class collective {
     // translation unit. The first exchange of a collective, the latency path's only one, checks.
     const detail::collective_header* const header = header_;
     header_ = nullptr;
+    // The wait for the other replicas, on the timeline (docs/debugging.md#the-timeline).
+    const detail::trace_phase waiting(header != nullptr ? "agreement check, waiting for peers" : "waiting for peers");
     const auto all =
         rt_->exchange(self_, with_check{header != nullptr ? detail::check_of(*header) : detail::collective_check{}, payload});
     static_assert(offsetof(with_check, h) == 0);
@@ -65,6 +69,7 @@ class collective {
     if (header_ != nullptr) {
       exchange(char{0});
     } else {
+      const detail::trace_phase waiting("waiting for peers");
       rt_->barrier(self_);
     }
   }
@@ -76,6 +81,7 @@ class collective {
   /// cannot publish an error (no `fail_collective`) the others are cancelled, as for any failure.
   template <class Step>
   void for_all_replicas(Step&& step) {
+    const detail::trace_phase crossing("cross-worker step");
     detail::for_all_replicas(*rt_, static_cast<Step&&>(step));
   }
 
@@ -86,7 +92,7 @@ class collective {
     // the headers and sizes the others read) before all have built the message.
     std::size_t first = 0;
     if constexpr (requires(const Rt& rt) { rt.first_replica(); }) first = static_cast<std::size_t>(rt_->first_replica());
-    const detail::message text = detail::describe_disagreement(checks, first);
+    const detail::message text = detail::with_flight_record(detail::describe_disagreement(checks, first));
     rt_->barrier(self_);
     throw shape_error(text);
   }

@@ -6,7 +6,10 @@
 #include <exception>
 #include <utility>
 #include <mirror/detail/separate_compilation.hpp>
+#include <mirror/detail/agreement_check.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/error.hpp>
+#include <mirror/flight_recorder.hpp>
 
 namespace mirror::detail {
 
@@ -33,18 +36,22 @@ MIRROR_DETAIL_INLINE void keep_current_exception(replica_errors& errors, std::si
 
 /// Rethrows the lowest replica's exception, if any, and leaves `errors` empty for the next run:
 /// a mirror::error as it is, anything else as a replica_error naming global replica
-/// `first_replica + r`. (Not a member of Strategy: one copy per program, not one per policy.)
-MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replica);
-/// Throws replica_error(replica, what); called from a handler, so the error nests the exception
-/// being handled. (One copy of the throw for rethrow_first's two handlers.)
-[[noreturn, gnu::cold]] MIRROR_DETAIL_INLINE void throw_replica_error(int replica, const char* what);
+/// `first_replica + r` and, from `recorder` (when given), the last collective that replica
+/// called before it threw, with its call site. (Not a member of Strategy: one copy per program,
+/// not one per policy.)
+MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replica,
+                                        const FlightRecorder* recorder = nullptr);
+/// Throws replica_error(replica, what + where); called from a handler, so the error nests the
+/// exception being handled. (One copy of the throw for rethrow_first's two handlers.)
+[[noreturn, gnu::cold]] MIRROR_DETAIL_INLINE void throw_replica_error(int replica, const char* what,
+                                                                     const message& where);
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
 MIRROR_DETAIL_INLINE void keep_current_exception(replica_errors& errors, std::size_t r) noexcept {
   errors[r] = std::current_exception();
 }
 
-MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replica) {
+MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replica, const FlightRecorder* recorder) {
   std::exception_ptr first;
   int replica = 0;
   for (std::size_t r = 0; r < errors.size(); ++r) {
@@ -60,15 +67,26 @@ MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replic
     std::rethrow_exception(first);
   } catch (const error&) {
     throw;
-  } catch (const std::exception& e) {
-    throw_replica_error(first_replica + replica, e.what());
   } catch (...) {
-    throw_replica_error(first_replica + replica, "an exception not derived from std::exception");
+    // Where in fn it threw: after (or in) which collective, the replica's latest of this run.
+    message where;
+    if (recorder != nullptr) {
+      const collective_position p = recorder->last(replica);
+      where = p.sequence == 0 ? format(" (before any collective of fn)")
+                              : format(" (its last collective call was %s)", describe_position(p, "").c_str());
+    }
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      throw_replica_error(first_replica + replica, e.what(), where);
+    } catch (...) {
+      throw_replica_error(first_replica + replica, "an exception not derived from std::exception", where);
+    }
   }
 }
 
-MIRROR_DETAIL_INLINE void throw_replica_error(int replica, const char* what) {
-  throw replica_error(replica, what);  // nests the exception being handled
+MIRROR_DETAIL_INLINE void throw_replica_error(int replica, const char* what, const message& where) {
+  throw replica_error(replica, format("%s%s", what, where.c_str()).c_str());  // nests the exception being handled
 }
 #endif
 

@@ -12,7 +12,8 @@
 #include <utility>
 #include <mirror/backend/collective_cancelled.hpp>
 #include <mirror/detail/access.hpp>
-#include <mirror/detail/agreement_check.hpp>
+#include <mirror/detail/timeline.hpp>
+#include <mirror/flight_recorder.hpp>
 #include <mirror/detail/cross_worker.hpp>
 #include <mirror/detail/rethrow_first.hpp>
 #include <mirror/detail/staged_argument.hpp>
@@ -113,7 +114,18 @@ template <class Rt, class Body>
 void guarded(Rt& rt, replica_errors& errors, int r, int first_replica, Body&& body) noexcept {
   // Errors built outside fn's collectives (on replica 0's thread: the caller's) name no collective.
   struct leave_fn {
-    ~leave_fn() { current_position = {}; }
+    ~leave_fn() {
+      current_position = {};
+      current_recorder = nullptr;
+      if (trace_track* t = current_track) {
+        trace_event fn;
+        fn.begin = t->fn_begin;
+        fn.end = trace_now();
+        fn.kind = trace_kind::fn;
+        t->push(fn);
+        current_track = nullptr;
+      }
+    }
   } leave;
   try {
     body();

@@ -16,6 +16,8 @@
 
 namespace mirror::detail {
 
+class trace_track;
+
 /// W cooperating processes ("workers"), each running the same program with R local replicas.
 ///
 /// **Calling rule.** Every collective below must be called by every worker, in the same order,
@@ -101,6 +103,12 @@ class worker_group {
   /// cross-worker shape check) and the failure of a run already known to have failed are
   /// recognised and not forwarded.
   virtual void report_failure(int global_replica, const std::exception_ptr& failure) noexcept = 0;
+
+  /// From now on the group records on `track` (null: stops) the spans of its own work for each
+  /// call: the agreement check and the collective on the wire (the timeline,
+  /// docs/debugging.md#the-timeline). Called between runs; the spans are read after the calls
+  /// that made them returned. A group that records nothing ignores it.
+  virtual void trace_to(trace_track* track) noexcept { (void)track; }
 };
 
 /// Strategy::run's bracket of worker_group::next_phase (none in one process: `group` null).

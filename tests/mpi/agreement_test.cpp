@@ -72,6 +72,10 @@ struct checkpoint_dir {
   std::string path(const char* name) const { return (std::filesystem::path(dir) / name).string(); }
 };
 
+// FILE:LINE, as the errors name a call of this file (docs/errors.md#call-sites): the file as the
+// compiler was given it, which __FILE__ is too.
+std::string site(unsigned line) { return std::string(__FILE__) + ":" + std::to_string(line); }
+
 // Whether `text` is the same on every worker (compared by hash: one MIN and one MAX all-reduce).
 bool same_on_every_worker(const std::string& text) {
   std::uint64_t h = std::hash<std::string>{}(text), lo = h, hi = h;
@@ -225,6 +229,52 @@ TEST_CASE("agreement: mean against sum is a shape_error on every worker, in fn a
   }
 }
 
+TEST_CASE("agreement: a mismatch across workers names each worker's call site", "[mpi][mismatch][call_sites]") {
+  const int w = world_rank();
+  for (int R = 1; R <= 2; ++R) {
+    Strategy& s = strategy_with(R);
+    CAPTURE(R);
+    std::string what;
+    constexpr unsigned sum_line = __LINE__ + 5, max_line = sum_line + 2;
+    try {
+      s.run([&](auto& ctx) {
+        // (sum_line and max_line count from the constexpr above: keep these lines.)
+        if (w == 0) {
+          ctx.all_reduce(ReduceOp::sum, 1);
+        } else {
+          ctx.all_reduce(ReduceOp::max, 1);
+        }
+      });
+      FAIL("no error");
+    } catch (const mirror::shape_error& e) {
+      what = e.what();
+    }
+    CAPTURE(what);
+    CHECK_THAT(what, Catch::Contains("at collective #1 (all_reduce(sum)) of fn at " + site(sum_line)));
+    CHECK_THAT(what, Catch::Contains("at collective #1 (all_reduce(max)) of fn at " + site(max_line)));
+    CHECK(same_on_every_worker(what));
+    check_goes_on(s);
+    // A cross-replica call outside run against a collective in fn: the call site of each.
+    const auto ids = s.run([](auto& ctx) { return ctx.replica_id_in_sync_group(); });
+    constexpr unsigned reduce_line = __LINE__ + 4, in_fn_line = reduce_line + 2;
+    try {
+      // (reduce_line and in_fn_line count from the constexpr above: keep these lines.)
+      if (w == 0) {
+        (void)s.reduce(ReduceOp::sum, ids);
+      } else {
+        s.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, 1); });
+      }
+      FAIL("no error");
+    } catch (const mirror::shape_error& e) {
+      what = e.what();
+    }
+    CHECK_THAT(what, Catch::Contains("in mirror::Strategy::reduce called outside fn at " + site(reduce_line)));
+    CHECK_THAT(what, Catch::Contains("at collective #1 (all_reduce(sum)) of fn at " + site(in_fn_line)));
+    CHECK(same_on_every_worker(what));
+    check_goes_on(s);
+  }
+}
+
 TEST_CASE("agreement: a mismatch inside one worker is the same shape_error on every worker", "[mpi][mismatch]") {
   const int W = world_size();
   for (int R = 2; R <= 3; ++R) {
@@ -266,10 +316,12 @@ TEST_CASE("agreement: a replica that returns early is the same timeout_error, wi
         CAPTURE(R, early, at);
         std::vector<int> missing;
         std::string what;
+        constexpr unsigned first_line = __LINE__ + 6, second_line = first_line + 2;
         try {
           s.run([&](auto& ctx) {
             const int g = ctx.replica_id_in_sync_group();
             if (at == 0 && g == early) return;
+            // (first_line and second_line count from the constexpr above: keep these lines.)
             ctx.all_reduce(ReduceOp::sum, std::vector<float>(16, 1.f));
             if (at == 1 && g == early) return;
             ctx.all_reduce(ReduceOp::max, g);
@@ -282,6 +334,14 @@ TEST_CASE("agreement: a replica that returns early is the same timeout_error, wi
         CAPTURE(what);
         CHECK(missing == std::vector<int>{early});
         CHECK_THAT(what, Catch::Contains("{" + std::to_string(early) + "}"));
+        // Where the replicas of the early one's worker are, with this file's lines.
+        const std::string waits = at == 0 ? "collective #1 (all_reduce(sum)) at " + site(first_line)
+                                          : "collective #2 (all_reduce(max)) at " + site(second_line);
+        CHECK_THAT(what, Catch::Contains("waits in " + waits));
+        CHECK_THAT(what, Catch::Contains(at == 0 ? "replica " + std::to_string(early) + " made no collective call in this run"
+                                                 : "replica " + std::to_string(early) +
+                                                       "'s last call was collective #1 (all_reduce(sum)) at " +
+                                                       site(first_line)));
         check_goes_on(s);
       }
     }
@@ -400,8 +460,11 @@ TEST_CASE("agreement: a cross-worker timeout says the configured timeout and wha
   Strategy s(Cluster{.local = {.replicas = 2}, .timeout = std::chrono::milliseconds(1500)});
   const int late = W - 1;
   constexpr int tag_gave_up = 4712;
+  constexpr unsigned first_line = __LINE__ + 4, second_line = first_line + 7;
   try {
     s.run([&](auto& ctx) {
+      // (first_line and second_line count from the constexpr above: keep these lines.)
+      ctx.all_reduce(ReduceOp::sum, 1);
       if (w == late && ctx.replica_id_in_sync_group() == late * 2) {
         for (int other = 0; other < W - 1; ++other) {
           int dummy = 0;
@@ -422,7 +485,13 @@ TEST_CASE("agreement: a cross-worker timeout says the configured timeout and wha
       }
       CHECK_THAT(what, Catch::Contains("did not reach this collective"));
       CHECK_THAT(what, !Catch::Contains("dead or unreachable"));
-      CHECK_THAT(what, Catch::Contains("collective #1 (all_reduce(mean)) of fn"));
+      CHECK_THAT(what, Catch::Contains("collective #2 (all_reduce(mean)) of fn at " + site(second_line)));
+      // What the late worker answered: its last call, with this file's line.
+      if (what.find("gave up waiting for it") == std::string::npos) {
+        CHECK_THAT(what, Catch::Contains("worker " + std::to_string(late) +
+                                         "'s last cross-worker call was collective #1 (all_reduce(sum)) of fn at " +
+                                         site(first_line)));
+      }
       CHECK(e.missing() == std::vector<int>{2 * late, 2 * late + 1});
       int dummy = 0;
       MPI_Send(&dummy, 1, MPI_INT, late, tag_gave_up, MPI_COMM_WORLD);

@@ -6,15 +6,48 @@
 
 namespace mirror::mpi {
 
+std::string group::impl::site_of(const job& j, std::size_t room) {
+  if (j.position.where.line() == 0 || room == 0) return {};
+  std::string site = detail::site_text(j.position.where).c_str();
+  if (site.size() >= room) site.erase(0, site.size() - (room - 1));
+  return site;
+}
+
 std::string group::impl::where_of(const job& j) {
-  if (j.position.sequence == 0) return j.what;
-  return detail::format("collective #%llu (%s) of fn, its cross-worker step",
+  const std::string site = site_of(j, 4096);
+  if (j.position.sequence == 0) return site.empty() ? std::string(j.what) : std::string(j.what) + " at " + site;
+  return detail::format("collective #%llu (%s) of fn at %s, its cross-worker step",
                         static_cast<unsigned long long>(j.position.sequence),
-                        detail::to_string(j.position.kind, j.position.param).text)
+                        detail::to_string(j.position.kind, j.position.param).text, site.c_str())
       .c_str();
 }
 
+namespace {
+// A span of the communication thread's track from construction to destruction (none without one).
+struct job_span {
+  detail::trace_track* track;
+  const char* name;
+  std::int64_t begin = track != nullptr ? detail::trace_now() : 0;
+  ~job_span() {
+    if (track != nullptr) track->span(name, detail::trace_kind::job, begin);
+  }
+};
+}  // namespace
+
+const char* group::impl::job_name(const job& j) noexcept {
+  switch (j.kind) {
+    case job::check: return "agreement check only";
+    case job::reduce: return "all-reduce (MPI)";
+    case job::bcast: return "broadcast (MPI)";
+    case job::scatter: return "reduce-scatter (MPI)";
+    case job::gather: return "all-gather (MPI)";
+    case job::counts: return "all-gather of counts (MPI)";
+  }
+  return "MPI";
+}
+
 void group::impl::execute(job& j) {
+  const job_span traced{trace, job_name(j)};
   where = where_of(j);
   job_phase = j.phase;
   if (phase_starts.empty() || phase_starts.back().first < j.phase) {
@@ -35,7 +68,10 @@ void group::impl::execute(job& j) {
     // An all-gather's counts were gathered (and checked) just before: equal on every worker.
     const bool check_first =
         j.kind == job::check || (validate && !((j.kind == job::reduce || j.kind == job::gather) && j.checked));
-    if (check_first) agree(j);
+    if (check_first) {
+      const job_span checking{trace, "agreement check (MPI_Iallreduce)"};
+      agree(j);
+    }
     if (j.kind == job::check) return;
     // An empty payload still waits for every worker (MPI completes an empty collective at
     // once, alone): a worker whose run failed before this collective must fail it here too.
@@ -346,6 +382,8 @@ void group::impl::agree(job& j) {
   mine[5] = static_cast<std::int64_t>(call);
   mine[6] = phase.load(std::memory_order_relaxed);
   std::strncpy(reinterpret_cast<char*>(mine + 7), j.what != nullptr ? j.what : "", what_words * sizeof(std::int64_t) - 1);
+  const std::string site = site_of(j, site_words * sizeof(std::int64_t));
+  std::memcpy(mine + 7 + what_words, site.c_str(), site.size() + 1);
   log_post(post_allgather_words, D, int64_kind.code(), 0);
   check(MPI_Iallgather(mine, static_cast<int>(D), MPI_INT64_T, mine + D, static_cast<int>(D), MPI_INT64_T, data,
                        &request),
@@ -365,7 +403,7 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
   bool described_alike = true;
   for (int p = 0; p < W; ++p) {
     const std::int64_t* d = desc(p);
-    described_alike = described_alike && std::equal(d, d + 6, desc(0)) && std::equal(d + 7, d + D, desc(0) + 7);
+    described_alike = described_alike && std::equal(d, d + 6, desc(0)) && std::equal(d + 7, d + 7 + what_words, desc(0) + 7);  // call sites may differ
     table += detail::format("%sworker %d (%s) ", p == 0 ? " " : "; ", p, replicas_of(p).c_str()).c_str();
     const detail::element_kind k = detail::element_kind::from_code(static_cast<std::uint64_t>(d[1]));
     const detail::message leaves = detail::format(" in %lld leaves", static_cast<long long>(d[3] >> 8));
@@ -399,13 +437,16 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
     }
     std::string what(reinterpret_cast<const char*>(d + 7), what_words * sizeof(std::int64_t));
     what.resize(std::strlen(what.c_str()));
+    std::string site(reinterpret_cast<const char*>(d + 7 + what_words), site_words * sizeof(std::int64_t));
+    site.resize(std::strlen(site.c_str()));
+    if (site.empty()) site = "an unknown call site";
     const auto call_kind = static_cast<detail::collective_kind>(static_cast<std::uint64_t>(d[5]) >> 32);
     const auto call_param = static_cast<int>(static_cast<std::uint32_t>(static_cast<std::uint64_t>(d[5])));
     if (d[4] == 0) {
-      table += ", in " + what + " called outside fn";
+      table += ", in " + what + " called outside fn at " + site;
     } else {
-      table += detail::format(", at collective #%lld (%s) of fn (%s)", static_cast<long long>(d[4]),
-                              detail::to_string(call_kind, call_param).text, what.c_str())
+      table += detail::format(", at collective #%lld (%s) of fn at %s (%s)", static_cast<long long>(d[4]),
+                              detail::to_string(call_kind, call_param).text, site.c_str(), what.c_str())
                    .c_str();
     }
   }

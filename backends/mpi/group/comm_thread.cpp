@@ -195,6 +195,7 @@ void group::impl::time_out(clock::time_point start, const char*) {
   const std::int64_t seq = sequence;
   asked = seq;
   replies.assign(static_cast<std::size_t>(W), -1);
+  reply_sites.assign(static_cast<std::size_t>(W), std::string());
   replies[static_cast<std::size_t>(w)] = seq;
   // A worker that already told us it entered this collective (its own query or its notice
   // that it gave up) has arrived, even if it has shut down since and cannot answer.
@@ -213,13 +214,19 @@ void group::impl::time_out(clock::time_point start, const char*) {
   }
   asked = -1;
   std::vector<int> missing;
-  std::string late, unreachable;
+  std::string late, unreachable, last_calls;
   for (int p = 0; p < W; ++p) {
     const std::int64_t got = replies[static_cast<std::size_t>(p)];
     if (got >= seq) continue;
     (got < 0 ? unreachable : late) +=
         detail::format("%s%d", got < 0 ? (unreachable.empty() ? "" : ", ") : (late.empty() ? "" : ", "), p).c_str();
     for (int r = 0; r < R; ++r) missing.push_back(p * R + r);
+    const std::string& site = reply_sites[static_cast<std::size_t>(p)];
+    if (got >= 0) {
+      last_calls += detail::format("; worker %d's last cross-worker call was %s", p,
+                                   site.empty() ? "none yet" : site.c_str())
+                        .c_str();
+    }
   }
   std::string names;
   for (int m : missing) names += detail::format("%s%d", names.empty() ? "" : ", ", m).c_str();
@@ -238,7 +245,9 @@ void group::impl::time_out(clock::time_point start, const char*) {
     text += " in " + where;
   }
   text += "; replicas {" + names + "} did not reach this collective";
-  if (!late.empty()) text += " (workers " + late + " answered: they are at an earlier collective or computing)";
+  if (!late.empty()) {
+    text += " (workers " + late + " answered: they are at an earlier collective or computing" + last_calls + ")";
+  }
   if (!unreachable.empty()) {
     text += detail::format(" (workers %s did not answer within %lld ms either: busy outside mirror, or gone)",
                            unreachable.c_str(), std::min<long long>(limit, 5000))
@@ -310,11 +319,20 @@ void group::impl::serve_control() {
     std::int64_t& seen = known[static_cast<std::size_t>(from)];
     if (status.MPI_TAG == tag_query) {
       seen = std::max(seen, head[0]);  // it asks about a collective it has entered
-      const std::int64_t reply[2] = {sequence, head[0]};
-      send(from, tag_reply, reply, sizeof reply, nullptr);
+      // {entered, asked}, then where this worker's last cross-worker call is (its message names it).
+      std::vector<char> reply(2 * sizeof(std::int64_t) + where.size());
+      const std::int64_t numbers[2] = {sequence, head[0]};
+      std::memcpy(reply.data(), numbers, sizeof numbers);
+      std::memcpy(reply.data() + sizeof numbers, where.data(), where.size());
+      send(from, tag_reply, reply.data(), reply.size(), nullptr);
     } else if (status.MPI_TAG == tag_reply) {
       seen = std::max(seen, head[0]);
-      if (head[1] == asked && asked >= 0) replies[static_cast<std::size_t>(from)] = head[0];
+      if (head[1] == asked && asked >= 0) {
+        replies[static_cast<std::size_t>(from)] = head[0];
+        const std::size_t text_at = 2 * sizeof(std::int64_t);
+        reply_sites[static_cast<std::size_t>(from)] =
+            bytes.size() > text_at ? std::string(bytes.begin() + text_at, bytes.end()) : std::string();
+      }
     } else if (status.MPI_TAG == tag_notice && head[0] == notice_timeout) {
       seen = std::max(seen, head[2]);  // it gave up waiting in that collective
     } else if (status.MPI_TAG == tag_failure) {

@@ -41,6 +41,7 @@
 #include <mirror/backend/collective.hpp>
 #include <mirror/detail/element_ops.hpp>
 #include <mirror/detail/format.hpp>
+#include <mirror/detail/timeline.hpp>
 #include <mirror/backend/cut_of.hpp>
 #include <mirror/error.hpp>
 
@@ -364,6 +365,7 @@ struct group::impl {
   std::vector<MPI_Request> abandoned;  // collectives given up on (MPI cannot cancel them)
   std::int64_t asked = -1;             // the sequence of our open query
   std::vector<std::int64_t> replies;   // per worker: the sequence it had entered, -1 = no reply
+  std::vector<std::string> reply_sites;  // per worker: where_of its last job, from its reply
   std::vector<std::int64_t> known;     // per worker: the highest sequence it is known to have entered
   std::optional<broken_state> remote;  // a notice received from another worker
 
@@ -417,7 +419,10 @@ struct group::impl {
 
   // How messages name job j: the user's collective as numbered in fn, or the API outside fn.
   static std::string where_of(const job& j);
+  /// How a job shows on the timeline's communication track.
+  static const char* job_name(const job& j) noexcept;
   std::string where;  // where_of(the job being executed), for wait()'s messages
+  detail::trace_track* trace = nullptr;  // the timeline's track of this thread (set under mutex), or null
 
   void execute(job& j);
 
@@ -466,9 +471,14 @@ struct group::impl {
 
   // One worker's description of its collective, gathered only on a mismatch: count, element,
   // what_kind, flag | leaves << 8, its position in fn (sequence; kind << 32 | param), its phase,
-  // then the API's name (what_words int64, NUL-padded, cut short if longer).
+  // then the API's name (what_words int64, NUL-padded, cut short if longer), then the user's
+  // call site (site_words int64, "FILE:LINE", NUL-padded, its end kept if longer: the file's
+  // name and the line).
   static constexpr std::size_t what_words = 10;
-  static constexpr std::size_t description_words = 7 + what_words;
+  static constexpr std::size_t site_words = 12;
+  static constexpr std::size_t description_words = 7 + what_words + site_words;
+  /// The job's call site as FILE:LINE in at most `room - 1` characters (its end kept), or "".
+  static std::string site_of(const job& j, std::size_t room);
 
   /// The agreement check: {key, -key} under MAX; on a mismatch every worker gathers every
   /// worker's description and throws the same error. The key covers what the collective moves
