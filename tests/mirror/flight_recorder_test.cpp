@@ -122,11 +122,16 @@ TEST_CASE("a replica that hangs is found from another thread, with its last call
   std::string table, dumped, all_dumped;
   std::vector<CollectiveRecord> waiting, hung;
   std::thread watchdog([&] {
-    // Until both replicas that did not hang are in #2, with replica 2 still at #1.
+    // Until both replicas that did not hang are in #2, and replica 2 has recorded the end of
+    // #1 (it may leave that collective last, after the others started #2) and hangs.
     const auto deadline = std::chrono::steady_clock::now() + 30s;
     while (std::chrono::steady_clock::now() < deadline) {
       waiting = s.flight_recorder().records(1);
-      if (waiting.size() == 2 && s.flight_recorder().records(0).size() == 2) break;
+      const auto third = s.flight_recorder().records(2);
+      if (waiting.size() == 2 && s.flight_recorder().records(0).size() == 2 && third.size() == 1 &&
+          third[0].state == CollectiveRecord::State::completed) {
+        break;
+      }
       std::this_thread::sleep_for(1ms);
     }
     hung = s.flight_recorder().records(2);
