@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <exception>
+#include <stdexcept>
 #include <utility>
 #include <mirror/detail/separate_compilation.hpp>
 #include <mirror/detail/agreement_check.hpp>
@@ -41,6 +42,14 @@ MIRROR_DETAIL_INLINE void keep_current_exception(replica_errors& errors, std::si
 /// not one per policy.)
 MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replica,
                                         const FlightRecorder* recorder = nullptr);
+/// " (its last collective call was collective #2 (all_reduce(sum)) at a.cpp:9)", or " (before
+/// any collective of fn)": where in fn a replica's exception came, from its position `p`.
+MIRROR_DETAIL_INLINE message failure_site(const collective_position& p);
+/// What a multi-worker strategy tells the other workers of the exception `e` that fn threw on
+/// the calling replica's thread (called while it is still in fn): a mirror::error as it is (its
+/// text names its call sites), anything else as a std::runtime_error whose text ends with
+/// failure_site of the thread's position, so that every worker's replica_error says where.
+MIRROR_DETAIL_INLINE std::exception_ptr with_failure_site(const std::exception_ptr& e) noexcept;
 /// Throws replica_error(replica, what + where); called from a handler, so the error nests the
 /// exception being handled. (One copy of the throw for rethrow_first's two handlers.)
 [[noreturn, gnu::cold]] MIRROR_DETAIL_INLINE void throw_replica_error(int replica, const char* what,
@@ -70,11 +79,7 @@ MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replic
   } catch (...) {
     // Where in fn it threw: after (or in) which collective, the replica's latest of this run.
     message where;
-    if (recorder != nullptr) {
-      const collective_position p = recorder->last(replica);
-      where = p.sequence == 0 ? format(" (before any collective of fn)")
-                              : format(" (its last collective call was %s)", describe_position(p, "").c_str());
-    }
+    if (recorder != nullptr) where = failure_site(recorder->last(replica));
     try {
       throw;
     } catch (const std::exception& e) {
@@ -82,6 +87,28 @@ MIRROR_DETAIL_INLINE void rethrow_first(replica_errors& errors, int first_replic
     } catch (...) {
       throw_replica_error(first_replica + replica, "an exception not derived from std::exception", where);
     }
+  }
+}
+
+MIRROR_DETAIL_INLINE message failure_site(const collective_position& p) {
+  return p.sequence == 0 ? format(" (before any collective of fn)")
+                         : format(" (its last collective call was %s)", describe_position(p, "").c_str());
+}
+
+MIRROR_DETAIL_INLINE std::exception_ptr with_failure_site(const std::exception_ptr& e) noexcept {
+  try {
+    std::rethrow_exception(e);
+  } catch (const error&) {
+    return e;
+  } catch (const std::exception& x) {
+    try {
+      return std::make_exception_ptr(
+          std::runtime_error(format("%s%s", x.what(), failure_site(current_position).c_str()).c_str()));
+    } catch (...) {
+      return e;  // out of memory: the original
+    }
+  } catch (...) {
+    return e;
   }
 }
 

@@ -136,7 +136,8 @@ void guarded(Rt& rt, replica_errors& errors, int r, int first_replica, Body&& bo
     rt.cancel();
     // Other workers may wait for this one in a cross-worker collective: tell them now.
     if constexpr (spans_workers<Rt>) {
-      rt.workers()->report_failure(first_replica + r, errors[static_cast<std::size_t>(r)]);
+      // (Its text says where in fn, read here while the thread's position is still this fn's.)
+      rt.workers()->report_failure(first_replica + r, with_failure_site(errors[static_cast<std::size_t>(r)]));
     }
   }
 }

@@ -378,8 +378,10 @@ TEST_CASE("agreement: an exception in fn keeps the original nested on its own wo
     Strategy& s = strategy_with(R);
     for (const int thrower : {0, W * R - 1, R - 1}) {
       CAPTURE(R, thrower);
+      constexpr unsigned first_line = __LINE__ + 4;
       try {
         s.run([&](auto& ctx) {
+          // (first_line counts from its definition above: keep the next line where it is.)
           ctx.all_reduce(ReduceOp::sum, 1);
           if (ctx.replica_id_in_sync_group() == thrower) throw std::out_of_range("the thrower's own");
           ctx.all_reduce(ReduceOp::sum, std::vector<float>(1000, 1.f));
@@ -388,6 +390,9 @@ TEST_CASE("agreement: an exception in fn keeps the original nested on its own wo
       } catch (const mirror::replica_error& e) {
         CHECK(e.replica() == thrower);
         CHECK_THAT(std::string(e.what()), Catch::Contains("the thrower's own"));
+        // Where in fn, on every worker: after its first collective.
+        CHECK_THAT(std::string(e.what()), Catch::Contains("(its last collective call was collective #1 (all_reduce(sum)) at " +
+                                                          site(first_line) + ")"));
         if (w == thrower / R) {
           CHECK_THROWS_AS(e.rethrow_nested(), std::out_of_range);
         } else {
