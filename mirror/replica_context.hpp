@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
-#include <exception>
+#include <memory>
 #include <optional>
 #include <mirror/source_location.hpp>
 #include <span>
@@ -21,6 +21,7 @@
 #include <vector>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
+#include <mirror/detail/async_queue.hpp>
 #include <mirror/backend/collective.hpp>
 #include <mirror/detail/timeline.hpp>
 #include <mirror/flight_recorder.hpp>
@@ -30,6 +31,8 @@
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/replica_collectives.hpp>
+#include <mirror/gradient_buckets.hpp>
+#include <mirror/pending.hpp>
 #include <mirror/per_replica.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/synced.hpp>
@@ -362,6 +365,62 @@ class ReplicaContext {
   }
 
  public:
+  /// \name Non-blocking collectives (docs/guide.md\#overlapping-communication)
+  /// Each starts its collective and returns a `mirror::Pending` whose `wait()` gives what the
+  /// blocking form returns, with the same bits. Collectives are matched across replicas in the
+  /// order they are started, blocking ones included; several may be outstanding, and they
+  /// complete in that order. A span leaf belongs to the collective until `wait()`. The blocking
+  /// form's errors are thrown by the start call or by `wait()`, on every replica.
+  ///
+  /// **Progress**: on `devices::Cluster` (`ops::Hierarchical`), `all_reduce_async` does the
+  /// local phase at the start and leaves the cross-worker step to the worker's communication
+  /// thread while `fn` goes on. Everywhere else, and for the other three forms, the collective
+  /// completes inside the start call (the replicas' own threads are the ones that reduce) and
+  /// `wait()` only hands over the result.
+  ///@{
+
+  /// `all_reduce`, started. **Example**:
+  /// `auto p = ctx.all_reduce_async(mirror::ReduceOp::sum, std::span<float>(grads)); ...; p.wait();`
+  template <nest T>
+  Pending<Synced<std::remove_cvref_t<T>>> all_reduce_async(
+      ReduceOp op, T&& value, mirror::source_location where = mirror::source_location::current()) {
+    using N = std::remove_cvref_t<T>;
+    if constexpr (collectives_type::starts_all_reduce) {
+      return start_all_reduce<N>(op, std::forward<T>(value), where);
+    } else {
+      return Pending<Synced<N>>(all_reduce(op, std::forward<T>(value), where));
+    }
+  }
+
+  /// `reduce_scatter`, started: `wait()` gives this replica's cut.
+  template <nest T>
+  Pending<std::remove_cvref_t<T>> reduce_scatter_async(
+      ReduceOp op, T&& value, mirror::source_location where = mirror::source_location::current()) {
+    return Pending<std::remove_cvref_t<T>>(reduce_scatter(op, std::forward<T>(value), where));
+  }
+
+  /// `all_gather(value, axis0)`, started.
+  template <nest T>
+  Pending<Synced<detail::gathered_t<std::remove_cvref_t<T>>>> all_gather_async(
+      T&& value, axis_t<0> axis, mirror::source_location where = mirror::source_location::current()) {
+    return Pending<Synced<detail::gathered_t<std::remove_cvref_t<T>>>>(all_gather(std::forward<T>(value), axis, where));
+  }
+
+  /// `broadcast`, started.
+  template <nest T>
+  Pending<Synced<std::remove_cvref_t<T>>> broadcast_async(
+      T&& value, int from = 0, mirror::source_location where = mirror::source_location::current()) {
+    return Pending<Synced<std::remove_cvref_t<T>>>(broadcast(std::forward<T>(value), from, where));
+  }
+
+  /// A DDP-style bucketed all-reduce of `grads`, a nest of gradient buffers (1-D `std::span` or
+  /// `std::vector` leaves), reduced in place with `op` (mirror/gradient_buckets.hpp).
+  template <nest T>
+  GradientBuckets<T> gradient_buckets(ReduceOp op, T& grads, std::size_t bucket_bytes,
+                                      mirror::source_location where = mirror::source_location::current()) {
+    return GradientBuckets<T>(*this, op, grads, bucket_bytes, where);
+  }
+  ///@}
 
   /// Runs `fn(strategy, PerReplica<Args>...)` once, in cross-replica context, with every
   /// replica's arguments gathered; every replica gets its result as `Synced` (or nothing when
@@ -447,6 +506,54 @@ class ReplicaContext {
   }
 
   using collectives_type = detail::replica_collectives<typename Strategy::runtime_type, typename Strategy::ops_type>;
+  template <class> friend class GradientBuckets;
+
+  /// An all_reduce_async in flight where the ops policy starts it (collectives_type::starts_all_reduce):
+  /// the nest (its owning leaves live here until wait()) and each element type's started part.
+  template <class N, class Types = detail::element_types_t<N>>
+  class all_reduce_in_flight;
+  template <class N, class... Es>
+  class all_reduce_in_flight<N, detail::type_list<Es...>> final : public detail::async_result<Synced<N>> {
+   public:
+    explicit all_reduce_in_flight(N v) : nest(std::move(v)) {}
+    bool done() const noexcept override {
+      return std::apply([](const auto&... p) { return (true && ... && p.done()); }, parts);
+    }
+    N nest;
+    std::tuple<typename collectives_type::template started_all_reduce<Es>...> parts;
+
+   protected:
+    void complete() override {
+      std::apply([](auto&... p) { (p.finish(), ...); }, parts);
+      this->value.emplace(detail::access::synced(std::move(nest)));
+    }
+  };
+
+  template <class N, class T>
+  Pending<Synced<N>> start_all_reduce(ReduceOp op, T&& value, const mirror::source_location& where) {
+    require_reachable_leaves<N>();
+    const recorded in_recorder(*this);
+    auto started = std::make_unique<all_reduce_in_flight<N>>(N(std::forward<T>(value)));
+    N& result = started->nest;
+    constexpr std::size_t K = detail::leaf_count<N>();
+    std::array<std::size_t, K> sizes{};
+    std::size_t k = 0;
+    detail::for_each_leaf([&](auto& l) { sizes[k++] = detail::elements_of(l).size(); }, result);
+    detail::collective_header header =
+        make_header<N>(detail::collective_kind::all_reduce, static_cast<int>(op), sizes, where, 0, bytes_of(result));
+    header.in_place = !detail::all_leaves_own<N>();
+    const detail::collective_header* pending = &header;
+    detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
+      std::get<typename collectives_type::template started_all_reduce<E>>(started->parts) =
+          collectives_.template all_reduce_start<E>(self_, op, detail::leaves_of<E>(result), pending);
+      pending = nullptr;
+    });
+    return Pending<Synced<N>>(std::move(started), async_);
+  }
+
+  /// At the end of fn (Strategy::run): completes what fn started and never waited for, and
+  /// throws the first error among those (every replica does the same).
+  void finish_started() { async_.finish(); }
 
   /// `track`: this replica's timeline track, or null with the timeline off.
   ReplicaContext(Strategy& s, int self, FlightRecorder& recorder, detail::trace_track* track) noexcept
@@ -618,6 +725,7 @@ class ReplicaContext {
   detail::trace_track* track_;       // this replica's timeline track (null: the timeline is off)
   std::vector<std::size_t> counts_;  // gather_counts' result, reused by the replica's next all_gather
   std::uint64_t sequence_ = 0;
+  detail::async_queue async_;  // started collectives not yet complete (destroyed first: completes them)
 };
 
 }  // namespace mirror

@@ -163,6 +163,9 @@ class Strategy {
   template <class F, class... Args>
   auto run(F&& fn, Args&&... args) {
     using Result = std::decay_t<decltype(detail::call_fn(rt_, fn, std::declval<context_type&>(), 0, args...))>;
+    static_assert(!detail::is_pending<Result>::value,
+                  "mirror::Strategy::run(fn, args...): fn returns a mirror::Pending, which is valid only inside fn; "
+                  "return what its wait() gives instead");
     if (rt_.in_parallel()) throw_nested_run();
     std::size_t index = 0;
     (check_components(args, index++), ...);
@@ -176,6 +179,7 @@ class Strategy {
         detail::guarded(rt_, errors, r, first_local_replica(), [&] {
           context_type ctx(*this, r, recorder_, timeline_.replica_track(r));
           detail::call_fn(rt_, fn, ctx, r, args...);
+          ctx.finish_started();
         });
       });
       timeline_.drain_if_full();
@@ -191,6 +195,7 @@ class Strategy {
         detail::guarded(rt_, errors, r, first_local_replica(), [&] {
           context_type ctx(*this, r, recorder_, timeline_.replica_track(r));
           mine->emplace(detail::call_fn(rt_, fn, ctx, r, args...));
+          ctx.finish_started();
         });
       });
       for (int r = 0; r < n; ++r) {
@@ -208,6 +213,7 @@ class Strategy {
         detail::guarded(rt_, errors, r, first_local_replica(), [&] {
           context_type ctx(*this, r, recorder_, timeline_.replica_track(r));
           out.take(r, detail::call_fn(rt_, fn, ctx, r, args...));
+          ctx.finish_started();
         });
       });
       timeline_.drain_if_full();

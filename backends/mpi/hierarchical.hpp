@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <span>
 #include <vector>
+#include <mirror/backends/mpi/all_reduce_in_flight.hpp>
 #include <mirror/backends/mpi/cluster_device.hpp>
 #include <mirror/backends/mpi/mpi_all_reduce.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
@@ -71,23 +72,7 @@ struct Hierarchical {
       return;
     }
     const int self = c.self();
-    // With one local replica nothing changes before the cross step, so the agreement check
-    // rides in the same hand-off to the communication thread as the data (one wake-up per
-    // all-reduce instead of two); with several, it must finish before the local phase.
-    const bool check_apart = c.num_replicas() > 1;
-    if (check_apart) {
-      // Span leaves are reduced in place: then the local agreement comes first (a checked
-      // barrier), then the cross-worker one, then the local phase that writes, so a mismatch
-      // among one worker's replicas reaches the others while they wait in their cross check,
-      // before any of their spans changes. Owning leaves are reduced in a copy the call returns
-      // only on success: the local phase's own first exchange checks them, without the barrier.
-      if (c.writes_in_place()) c.barrier();
-      if (self == 0) {
-        c.for_all_replicas(
-            [&] { g.check_all_reduce(s.total, detail::element_kind_of<E>(), op, "mirror::ReplicaContext::all_reduce"); });
-      }
-    }
-    local.all_reduce(c, detail::cross_op(op), s);
+    const bool check_apart = local_phase(c, g, op, s);
     const std::size_t n = static_cast<std::size_t>(g.num_workers()) * static_cast<std::size_t>(c.num_replicas());
     if (self == 0) {
       c.for_all_replicas([&] { cross_step(rt, g, op, s, check_apart); });
@@ -104,6 +89,65 @@ struct Hierarchical {
       for (std::size_t k = 0; k < s.leaves.size(); ++k) rt.copy(self, s.leaves[k], all[0].leaves[k], s.sizes[k]);
     }
     c.barrier();  // replica 0's buffers stay valid until every copy is done
+  }
+
+  /// `all_reduce`, started: the local phase and the agreement checks happen now, the
+  /// cross-worker step is handed to the communication thread, and the returned handle's
+  /// `finish()` completes it (the division of a `mean`, and the copy to the other local
+  /// replicas: all_reduce_in_flight.hpp). The same bits as `all_reduce`. With several local
+  /// replicas the cross-worker agreement check completes before this returns (it must come
+  /// before the local phase writes), so it waits for the collectives started before it.
+  template <class Rt, class E>
+  all_reduce_in_flight<E> all_reduce_start(backend::collective<Rt>& c, ReduceOp op,
+                                           const backend::segment_list<Rt, E>& s) const {
+    require_cluster_of_threads<Rt>();
+    Rt& rt = c.runtime();
+    detail::worker_group& g = *rt.workers();
+    if (g.num_workers() == 1) {
+      local.all_reduce(c, op, s);  // (as all_reduce: nothing crosses processes)
+      return {};
+    }
+    const int self = c.self(), R = c.num_replicas();
+    const bool checked = local_phase(c, g, op, s);
+    using delivery = typename all_reduce_in_flight<E>::delivery;
+    std::shared_ptr<delivery> d;
+    if (self == 0) {
+      d = std::make_shared<delivery>();
+      d->leaves.resize(static_cast<std::size_t>(R));
+      d->sizes.assign(s.sizes.begin(), s.sizes.end());
+      d->op = op;
+      d->divisor = static_cast<std::size_t>(g.num_workers()) * static_cast<std::size_t>(R);
+    }
+    const auto post_cross = [&] {
+      E* data = s.leaves[0];
+      if (s.leaves.size() != 1) {  // several leaves cross as one buffer, the operation's own
+        d->staging.resize(s.total);
+        std::size_t at = 0;
+        for (std::size_t k = 0; k < s.leaves.size(); ++k) {
+          std::copy(s.leaves[k], s.leaves[k] + s.sizes[k], d->staging.data() + at);
+          at += s.sizes[k];
+        }
+        data = d->staging.data();
+      }
+      d->cross = g.start_all_reduce(data, s.total, detail::element_kind_of<E>(), op,
+                                    "mirror::ReplicaContext::all_reduce_async (cross-worker step)", checked);
+    };
+    if (R == 1) {
+      d->leaves[0].assign(s.leaves.begin(), s.leaves.end());
+      post_cross();
+      return all_reduce_in_flight<E>(std::move(d));
+    }
+    // Every local replica takes the shared delivery from replica 0 and lists its leaves in it;
+    // replica 0 posts the cross step (an error there is every replica's), and the barrier keeps
+    // its handle alive until every replica holds its own.
+    struct post {
+      const std::shared_ptr<delivery>* shared;
+    };
+    if (self == 0) c.for_all_replicas(post_cross);
+    std::shared_ptr<delivery> mine = *c.exchange(post{&d})[0].shared;
+    mine->leaves[static_cast<std::size_t>(self)].assign(s.leaves.begin(), s.leaves.end());
+    c.barrier();
+    return all_reduce_in_flight<E>(std::move(mine));
   }
 
   /// The `reduce_scatter` of the ops interface (mirror/concepts/cross_device_ops.hpp), called
@@ -274,6 +318,32 @@ struct Hierarchical {
   }
 
  private:
+  /// all_reduce's steps before the cross step, on every local replica: the agreement checks
+  /// (apart from the data where the local phase writes first), then the local phase (`mean`
+  /// as `sum`). Returns whether the cross-worker check was made (the data need not carry it).
+  template <class Rt, class E>
+  bool local_phase(backend::collective<Rt>& c, detail::worker_group& g, ReduceOp op,
+                   const backend::segment_list<Rt, E>& s) const {
+    // With one local replica nothing changes before the cross step, so the agreement check
+    // rides in the same hand-off to the communication thread as the data (one wake-up per
+    // all-reduce instead of two); with several, it must finish before the local phase.
+    const bool check_apart = c.num_replicas() > 1;
+    if (check_apart) {
+      // Span leaves are reduced in place: then the local agreement comes first (a checked
+      // barrier), then the cross-worker one, then the local phase that writes, so a mismatch
+      // among one worker's replicas reaches the others while they wait in their cross check,
+      // before any of their spans changes. Owning leaves are reduced in a copy the call returns
+      // only on success: the local phase's own first exchange checks them, without the barrier.
+      if (c.writes_in_place()) c.barrier();
+      if (c.self() == 0) {
+        c.for_all_replicas(
+            [&] { g.check_all_reduce(s.total, detail::element_kind_of<E>(), op, "mirror::ReplicaContext::all_reduce"); });
+      }
+    }
+    local.all_reduce(c, detail::cross_op(op), s);
+    return check_apart;
+  }
+
   // Every collective of the policy: what it works on.
   template <class Rt>
   static constexpr void require_cluster_of_threads() {

@@ -209,17 +209,34 @@ void group::check_all_reduce(std::size_t count, detail::element_kind kind, Reduc
   impl_->run(j);
 }
 
-void group::all_reduce(void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
-                       bool checked) {
+namespace {
+// MPI counts are ints.
+void require_int_count(std::size_t count, const char* what) {
   if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
     throw std::invalid_argument(
         detail::format("%s: %zu elements in one cross-worker all-reduce exceed MPI's int count; split the leaf", what,
                        count)
             .c_str());
   }
+}
+}  // namespace
+
+void group::all_reduce(void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
+                       bool checked) {
+  require_int_count(count, what);
   impl::job j{impl::job::reduce, data, count, kind, op, 0, what, checked, nullptr};
   j.in_worker_order = impl_->in_worker_order(kind);
   impl_->run(j);
+}
+
+std::unique_ptr<detail::worker_group::started_collective> group::start_all_reduce(
+    void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what, bool checked) {
+  require_int_count(count, what);
+  auto s = std::make_unique<impl::started>(*impl_, data, count, kind, op, what, checked);
+  s->waited = true;  // (not posted yet: a post that throws leaves nothing to wait for)
+  impl_->post(s->j);
+  s->waited = false;
+  return s;
 }
 
 void group::check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what) {

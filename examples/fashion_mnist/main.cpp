@@ -81,6 +81,8 @@ struct Options {
   std::size_t limit = 0;  // 0: the whole training set
   std::string device = "threads";
   std::string timeline;  // --timeline FILE: the strategy's timeline (docs/debugging.md)
+  double overlap_mib = -1;  // --overlap MIB: bucketed all-reduce during backward (< 0: off)
+  bool optimizer_given = false;
 };
 
 constexpr const char* usage_text =
@@ -105,6 +107,9 @@ constexpr const char* usage_text =
     "                    auto: cuda when a GPU is visible, else threads; cluster: one worker of\n"
     "                    devices::Cluster<Threads>, launched with mpirun -np W (MPI builds; --replicas\n"
     "                    is per worker, policy default)\n"
+    "  --overlap MIB     all-reduce the gradients in buckets of MIB MiB (0: one per buffer) that start\n"
+    "                    during the backward pass, layer by layer (ctx.gradient_buckets; CPU devices,\n"
+    "                    --optimizer replicated, which it selects)\n"
     "  --timeline FILE   write a timeline of the training to FILE, a Chrome trace that Perfetto and\n"
     "                    chrome://tracing open (each worker of a cluster: FILE.worker<w>.json)\n";
 
@@ -160,11 +165,18 @@ Options parse(int argc, char** argv) {
       }
     } else if (a == "--optimizer") {
       o.optimizer = v;
+      o.optimizer_given = true;
       if (o.optimizer != "sharded" && o.optimizer != "replicated") usage_error("unknown --optimizer '" + o.optimizer + "'");
     } else if (a == "--data") {
       o.data = v;
     } else if (a == "--timeline") {
       o.timeline = v;
+    } else if (a == "--overlap") {
+      char* end = nullptr;
+      o.overlap_mib = std::strtod(v, &end);
+      if (end == v || *end != '\0' || !(o.overlap_mib >= 0)) {
+        usage_error("--overlap needs a bucket size in MiB >= 0, got '" + std::string(v) + "'");
+      }
     } else if (a == "--device") {
       o.device = v;
       if (o.device != "threads" && o.device != "cuda" && o.device != "auto" && o.device != "cluster") {
@@ -181,6 +193,14 @@ Options parse(int argc, char** argv) {
     } else {
       usage_error("unknown option '" + std::string(a) + "'");
     }
+  }
+  if (o.overlap_mib >= 0) {
+    if (o.optimizer_given && o.optimizer != "replicated") {
+      usage_error("--overlap buckets the all-reduce of --optimizer replicated; the sharded optimizer's "
+                  "reduce-scatter has no bucketed form yet");
+    }
+    if (o.device == "cuda") usage_error("--overlap needs a CPU device (threads or cluster) for now");
+    o.optimizer = "replicated";
   }
   return o;
 }
@@ -277,15 +297,28 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
   mirror::PerReplica<fm::Workspace> work(
       std::vector<fm::Workspace>(static_cast<std::size_t>(local), fm::Workspace(rows_per_replica)));
 
-  auto train_step = [momentum = o.momentum](auto& ctx, const Batch& batch, auto& s, fm::Workspace& w,
-                                            const StepInfo& info) {
+  const std::size_t bucket_bytes = o.overlap_mib >= 0 ? static_cast<std::size_t>(o.overlap_mib * 1048576.0) : 0;
+  auto train_step = [momentum = o.momentum, overlap = o.overlap_mib >= 0, bucket_bytes](
+                        auto& ctx, const Batch& batch, auto& s, fm::Workspace& w, const StepInfo& info) {
     const std::size_t n = batch.labels.size();
     std::vector<float> losses(n), correct(n);
-    w.forward_backward(s.value().params, batch.images, batch.labels, info.global_rows, losses, correct);
-    // One fused collective over the six gradient buffers, in place: afterwards every replica's
-    // buffers hold the global batch's mean gradient.
-    auto grads = ctx.all_reduce(mirror::ReduceOp::sum, w.grads());
-    s.update([&](fm::State& st, const fm::ParamSpans& g) { fm::apply_momentum(st, g, info.lr, momentum); }, grads);
+    const auto step = [&](const auto& grads) {
+      s.update([&](fm::State& st, const fm::ParamSpans& g) { fm::apply_momentum(st, g, info.lr, momentum); }, grads);
+    };
+    if (overlap) {
+      // Each layer's gradient buffers are marked ready as backward finishes them (the last
+      // layer first); a bucket's all-reduce starts as soon as its buffers are all ready.
+      fm::ParamSpans spans = w.grads();
+      auto buckets = ctx.gradient_buckets(mirror::ReduceOp::sum, spans, bucket_bytes);
+      w.forward_backward(s.value().params, batch.images, batch.labels, info.global_rows, losses, correct,
+                         [&](std::size_t leaf) { buckets.ready(leaf); });
+      step(buckets.finish());
+    } else {
+      w.forward_backward(s.value().params, batch.images, batch.labels, info.global_rows, losses, correct);
+      // One fused collective over the six gradient buffers, in place: afterwards every replica's
+      // buffers hold the global batch's mean gradient.
+      step(ctx.all_reduce(mirror::ReduceOp::sum, w.grads()));
+    }
     return std::pair{std::move(losses), std::move(correct)};
   };
   auto sharded_step = [momentum = o.momentum](auto&, const Batch& batch, auto& params, fm::Params& velocity,
@@ -558,6 +591,14 @@ double train_with_policy(const Options& o, const fm::split& train, const fm::spl
 
 }  // namespace
 
+/// How the banner names --overlap.
+std::string overlap_text(const Options& o) {
+  if (o.overlap_mib < 0) return "";
+  char text[96];
+  std::snprintf(text, sizeof text, ", overlap: gradient buckets of %g MiB", o.overlap_mib);
+  return text;
+}
+
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   o.device = resolve_device(o.device);
@@ -578,10 +619,10 @@ int main(int argc, char** argv) {
 #endif
     if (gemm.empty()) gemm = configure_gemm();
     std::printf("fashion_mnist: %zu training and %zu test images from %s; MLP 784-256-128-10, SGD momentum %.2g (%s), "
-                "lr %g (cosine), global batch %zu on %d replica%s (%s), policy %s, seed %llu; %s\n",
+                "lr %g (cosine), global batch %zu on %d replica%s (%s), policy %s, seed %llu%s; %s\n",
                 train.rows, test.rows, o.data.c_str(), double(o.momentum), o.optimizer.c_str(), double(o.lr), o.batch_size, o.replicas,
                 o.replicas == 1 ? "" : "s", where.c_str(), policy.c_str(), static_cast<unsigned long long>(o.seed),
-                gemm.c_str());
+                overlap_text(o).c_str(), gemm.c_str());
     std::fflush(stdout);
     double accuracy = 0;
     using mirror::devices::Threads;

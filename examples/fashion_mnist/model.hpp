@@ -137,13 +137,17 @@ class Workspace {
   /// `losses` and 1 or 0 (correct or not) into `correct`, and into the gradient buffers the SUM
   /// over these rows of the per-row gradients divided by `global_rows` (the global batch's size):
   /// summing the replicas' buffers gives the global batch's mean gradient exactly, ragged or not.
+  /// `ready(k)` is called as gradient buffer k (in grads()' order: w1, b1, w2, b2, w3, b3) becomes
+  /// final, the last layer's first (ctx.gradient_buckets starts its buckets from there).
+  template <class Ready = void (*)(std::size_t)>
   void forward_backward(const Params& p, mirror::matrix_view<const std::uint8_t> x,
                         std::span<const std::int32_t> labels, std::size_t global_rows, std::span<float> losses,
-                        std::span<float> correct) {
+                        std::span<float> correct, Ready&& ready = [](std::size_t) {}) {
     const std::size_t rows = x.rows();
     const auto n = static_cast<Eigen::Index>(rows);
     if (rows == 0) {  // a replica left without rows (ragged last batch) still takes part
       zero_grads();
+      for (std::size_t k = 6; k-- > 0;) ready(k);
       return;
     }
     forward(p, x);
@@ -170,14 +174,20 @@ class Workspace {
 
     product(G3, A2, transposed, D3, plain);
     row(grads_.b3) = D3.colwise().sum();
+    ready(5);
+    ready(4);
     product(D2, D3, plain, ConstMap(p.w3.data(), hidden2, out_classes), transposed);
     D2 = (A2.array() > 0.0f).select(D2, 0.0f);
     product(G2, A1, transposed, D2, plain);
     row(grads_.b2) = D2.colwise().sum();
+    ready(3);
+    ready(2);
     product(D1, D2, plain, ConstMap(p.w2.data(), hidden1, hidden2), transposed);
     D1 = (A1.array() > 0.0f).select(D1, 0.0f);
     product(G1, X, transposed, D1, plain);
     row(grads_.b1) = D1.colwise().sum();
+    ready(1);
+    ready(0);
   }
 
  private:

@@ -14,6 +14,7 @@
 #include <exception>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 #include <mirror/concepts/device.hpp>
 #include <mirror/backend/collective.hpp>
@@ -52,6 +53,30 @@ class replica_collectives {
     backend::collective<Rt> c(rt_, self, header);
     ops_.all_reduce(c, op, leaves.list());
     detach_leaves(self, leaves, host);
+  }
+
+  /// Whether the ops policy can start an all-reduce that completes later
+  /// (`all_reduce_start`, e.g. ops::Hierarchical across workers), so that
+  /// ReplicaContext::all_reduce_async overlaps; other policies complete it as it starts.
+  static constexpr bool starts_all_reduce =
+      Rt::host_addressable && requires(const Ops& o, backend::collective<Rt>& c, const backend::segment_list<Rt, float>& s) {
+        o.all_reduce_start(c, ReduceOp::sum, s).finish();
+      };
+
+  /// What all_reduce_start returns for element type E: finish() completes it.
+  template <class E, class O = Ops>
+  using started_all_reduce = decltype(std::declval<const O&>().all_reduce_start(
+      std::declval<backend::collective<Rt>&>(), ReduceOp::sum, std::declval<const backend::segment_list<Rt, E>&>()));
+
+  /// all_reduce_leaves, started (where starts_all_reduce): the leaves hold the result once the
+  /// returned handle's finish() has returned. Host memory only, so nothing is staged.
+  template <class E, std::size_t K>
+  auto all_reduce_start(int self, ReduceOp op, const std::array<std::span<E>, K>& host,
+                        const collective_header* header) {
+    require_host_element<E>();
+    const auto leaves = attach_leaves(self, host);
+    backend::collective<Rt> c(rt_, self, header);
+    return ops_.all_reduce_start(c, op, leaves.list());
   }
 
   template <class E, std::size_t K>

@@ -11,6 +11,7 @@
 #include <exception>
 #include <string>
 #include <type_traits>
+#include <mirror/detail/lean_std.hpp>  // std::unique_ptr
 #include <mirror/reduce_op.hpp>
 #include <mirror/detail/element_kind.hpp>
 
@@ -58,6 +59,26 @@ class worker_group {
   /// for error messages. Checks agreement first unless `checked`.
   virtual void all_reduce(void* data, std::size_t count, element_kind kind, ReduceOp op, const char* what,
                           bool checked = false) = 0;
+
+  /// A cross-worker collective handed to the communication thread and not yet waited for
+  /// (start_all_reduce). Destroying one that was never waited for waits for it and drops its
+  /// error: the collective may be writing into its buffer until it completes.
+  class started_collective {
+   public:
+    virtual ~started_collective() = default;
+    /// Blocks until the collective has completed; throws what the blocking form throws. Once.
+    virtual void wait() = 0;
+    /// Whether wait() would return at once.
+    virtual bool done() const noexcept = 0;
+  };
+
+  /// all_reduce, started: handed to the communication thread, which runs it after the
+  /// collectives handed over before it while the caller goes on (ReplicaContext::all_reduce_async).
+  /// `data` must stay valid, and untouched, until the handle is waited for or destroyed.
+  /// Collectives started this way and the blocking ones are posted, on every worker, in the
+  /// order the calls are made.
+  virtual std::unique_ptr<started_collective> start_all_reduce(void* data, std::size_t count, element_kind kind,
+                                                               ReduceOp op, const char* what, bool checked = false) = 0;
 
   /// Only the agreement check of a broadcast from worker `root` of a nest whose leaves have
   /// `shape[k]` elements (`any_size` for a resizable leaf, which takes the root's size): a

@@ -404,3 +404,111 @@ TEST_CASE("conformance: an exception in one replica cancels the others' collecti
     }
   }
 }
+
+TEST_CASE("conformance: the non-blocking forms give the blocking forms' bits, several outstanding at once",
+          CONFORMANCE_TAG) {
+  for (const int R : {1, 2, 3, 5}) {
+    if (!(CONFORMANCE_SUPPORTS(R))) continue;
+    auto& s = conformance::strategy_with(R);
+    for (const auto op : {ReduceOp::sum, ReduceOp::max, ReduceOp::mean}) {
+      CAPTURE(R, mirror::to_string(op));
+      const std::size_t n = 4099;
+      std::vector<std::vector<float>> spans_async(static_cast<std::size_t>(R)), spans_blocking(static_cast<std::size_t>(R));
+      for (int r = 0; r < R; ++r) {
+        spans_async[static_cast<std::size_t>(r)] = mirror::test::input_vector<float>(op, r, n);
+        spans_blocking[static_cast<std::size_t>(r)] = spans_async[static_cast<std::size_t>(r)];
+      }
+      auto make = [](int r) {
+        return conformance::Mixed{std::vector<float>{float(r), float(2 * r), -1.0f, float(r * r)},
+                                  float(10 + r),
+                                  {double(r), -double(r), 0.5},
+                                  {r * 3, std::vector<int>(5, r - 1)},
+                                  std::int64_t{100} * r};
+      };
+      std::atomic<int> wrong{0};
+      s.run([&](auto& ctx) {
+        const int g = ctx.replica_id_in_sync_group();
+        auto& a = spans_async[static_cast<std::size_t>(g)];
+        const std::vector<double> v = mirror::test::input_vector<double>(op, g, 1009);
+        // Three outstanding, waited for in another order than started.
+        auto p1 = ctx.all_reduce_async(op, std::span<float>(a));
+        auto p2 = ctx.all_reduce_async(op, make(g));
+        auto p3 = ctx.all_reduce_async(op, v);
+        const auto r3 = p3.wait();
+        const auto r2 = p2.wait();
+        const auto r1 = p1.wait();
+        if (!p1.ready() || r1->data() != a.data()) ++wrong;
+        (void)ctx.all_reduce(op, std::span<float>(spans_blocking[static_cast<std::size_t>(g)]));
+        const auto b2 = ctx.all_reduce(op, make(g));
+        const auto b3 = ctx.all_reduce(op, v);
+        if (!mirror::test::same_bits(r3->data(), b3->data(), b3->size())) ++wrong;
+        if (!mirror::test::same_bits(&r2->b, &b2->b, 1) || r2->w != b2->w || r2->t != b2->t || r2->steps != b2->steps ||
+            !mirror::test::same_bits(r2->d.data(), b2->d.data(), 3)) {
+          ++wrong;
+        }
+        // The other three forms, started together and waited for in order.
+        std::vector<float> cut_in = mirror::test::input_vector<float>(op, g, 37);
+        auto rs = ctx.reduce_scatter_async(op, cut_in);
+        auto ag = ctx.all_gather_async(std::vector<int>(static_cast<std::size_t>(g + 1), g), mirror::axis0);
+        auto bc = ctx.broadcast_async(std::vector<double>(3, double(g)), R - 1);
+        const auto cut = rs.wait();
+        const auto gathered = ag.wait();
+        const auto broadcast = bc.wait();
+        if (cut != ctx.reduce_scatter(op, cut_in)) ++wrong;
+        if (*gathered != *ctx.all_gather(std::vector<int>(static_cast<std::size_t>(g + 1), g), mirror::axis0)) ++wrong;
+        if (*broadcast != std::vector<double>(3, double(R - 1))) ++wrong;
+      });
+      REQUIRE(wrong == 0);
+      for (int r = 0; r < R; ++r) {
+        REQUIRE(mirror::test::same_bits(spans_async[static_cast<std::size_t>(r)].data(),
+                                        spans_blocking[static_cast<std::size_t>(r)].data(), n));
+      }
+    }
+  }
+}
+
+TEST_CASE("conformance: gradient buckets give each bucket's all-reduce bits, any ready order", CONFORMANCE_TAG) {
+  using Grads = std::tuple<std::vector<float>, std::span<float>, std::vector<double>, std::vector<float>,
+                           std::vector<float>>;
+  for (const int R : {1, 2, 3}) {
+    if (!(CONFORMANCE_SUPPORTS(R))) continue;
+    auto& s = conformance::strategy_with(R);
+    for (const std::size_t cap : {std::size_t{0}, std::size_t{64}, std::size_t{4096}, std::size_t{1} << 30}) {
+      for (const auto op : {ReduceOp::sum, ReduceOp::mean}) {
+        CAPTURE(R, cap, mirror::to_string(op));
+        std::vector<std::vector<float>> span_memory(static_cast<std::size_t>(R));
+        std::atomic<int> wrong{0};
+        s.run([&](auto& ctx) {
+          const int g = ctx.replica_id_in_sync_group();
+          auto& mem = span_memory[static_cast<std::size_t>(g)];
+          mem = mirror::test::input_vector<float>(op, g + 1, 300);
+          Grads grads{mirror::test::input_vector<float>(op, g, 10), std::span<float>(mem),
+                      mirror::test::input_vector<double>(op, g, 7), mirror::test::input_vector<float>(op, g + 2, 33),
+                      std::vector<float>{}};
+          Grads before = grads;
+          std::vector<float> span_copy = mem;
+          std::get<1>(before) = std::span<float>(span_copy);
+          auto buckets = ctx.gradient_buckets(op, grads, cap);
+          for (const std::size_t i : {std::size_t{4}, std::size_t{1}, std::size_t{3}, std::size_t{0}, std::size_t{2}}) {
+            buckets.ready(i);
+          }
+          buckets.finish();
+          // Reference: the blocking all-reduce of each leaf (a bucket packs several leaves into
+          // one buffer, which changes no element's bits).
+          const auto w0 = ctx.all_reduce(op, std::get<0>(before));
+          const auto w1 = ctx.all_reduce(op, std::get<1>(before));
+          const auto w2 = ctx.all_reduce(op, std::get<2>(before));
+          const auto w3 = ctx.all_reduce(op, std::get<3>(before));
+          if (!mirror::test::same_bits(std::get<0>(grads).data(), w0->data(), 10) ||
+              !mirror::test::same_bits(mem.data(), span_copy.data(), 300) ||
+              !mirror::test::same_bits(std::get<2>(grads).data(), w2->data(), 7) ||
+              !mirror::test::same_bits(std::get<3>(grads).data(), w3->data(), 33)) {
+            ++wrong;
+          }
+          (void)w1;
+        });
+        REQUIRE(wrong == 0);
+      }
+    }
+  }
+}

@@ -20,28 +20,25 @@ std::exception_ptr group::impl::broken_error() const {
   return nullptr;
 }
 
-void group::impl::run(job& j) {
+void group::impl::post(job& j) {
   // Which call of the program this is, read on the caller's thread (both are the caller's).
   j.position = detail::current_position;
   j.phase = phase.load(std::memory_order_relaxed);
-  // One job at a time: the calling rule says one caller per worker, but a second thread must
-  // not overwrite the job slot if a program breaks it (its order across workers is its own).
-  std::lock_guard one_caller(caller_mutex);
-  std::unique_lock lock(mutex);
+  std::lock_guard lock(mutex);
   if (shut_down) {
     throw backend_error("mirror::devices::Cluster: MPI was finalized while the strategy exists; destroy the "
                         "strategy before MPI_Finalize (or let mirror finalize MPI at exit)", -1);
   }
   if (broken.why != broken_state::none) std::rethrow_exception(broken_error());
-  current = &j;
-  taken = false;
-  auto now = clock::now();
-  posted_at.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  queue.push_back(&j);
+  posted_at.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   posted.store(true, std::memory_order_release);
   wake_comm.notify_one();  // no system call when the thread is spinning rather than parked
-  lock.unlock();
-  spin_for(j.done, [&] { return j.done_at; }, now, caller_spin);
-  lock.lock();
+}
+
+void group::impl::await(job& j) {
+  spin_for(j.done, [&] { return j.done_at; }, clock::now(), caller_spin);
+  std::unique_lock lock(mutex);
   wake_caller.wait(lock, [&] { return j.done.load(std::memory_order_relaxed); });
   if (j.error) std::rethrow_exception(j.error);
 }
@@ -84,15 +81,14 @@ void group::impl::main_loop() {
       // Idle: still serve the control communicator every millisecond (a late worker must
       // answer "which collective have you entered" while its replicas compute).
       wake_comm.wait_for(lock, std::chrono::milliseconds(1), [&] {
-        return stop || (current != nullptr && !taken) ||
-               local_failed_phase.load(std::memory_order_relaxed) > drained;
+        return stop || !queue.empty() || local_failed_phase.load(std::memory_order_relaxed) > drained;
       });
-      if (current != nullptr && !taken) {
-        taken = true;
-        posted.store(false, std::memory_order_relaxed);
-        j = current;
+      if (!queue.empty()) {
+        j = queue.front();
+        queue.pop_front();
+        posted.store(!queue.empty(), std::memory_order_relaxed);
       }
-      stopping = stop;
+      stopping = stop && queue.empty();  // a posted job is executed (its caller waits for it)
     }
     after_job = j != nullptr;
     try {
@@ -110,7 +106,6 @@ void group::impl::main_loop() {
     if (j != nullptr) {
       execute(*j);
       std::lock_guard lock(mutex);
-      current = nullptr;
       j->done_at = clock::now().time_since_epoch().count();
       j->done.store(true, std::memory_order_release);
       wake_caller.notify_all();

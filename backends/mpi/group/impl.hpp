@@ -229,6 +229,30 @@ struct group::impl {
     clock::rep done_at = 0;          // when the thread finished it (written before `done`)
     std::atomic<bool> done{false};  // set (under mutex) after everything else the thread writes
   };
+  // A job posted by start_all_reduce, awaited by its owner (or by its destructor).
+  struct started final : detail::worker_group::started_collective {
+    impl& group;
+    job j;
+    bool waited = false;
+    started(impl& g, void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
+            bool checked)
+        : group(g), j{job::reduce, data, count, kind, op, 0, what, checked, nullptr} {
+      j.in_worker_order = g.in_worker_order(kind);
+    }
+    void wait() override {
+      waited = true;
+      group.await(j);
+    }
+    bool done() const noexcept override { return j.done.load(std::memory_order_acquire); }
+    ~started() override {
+      if (waited) return;
+      try {
+        group.await(j);
+      } catch (...) {
+        // dropped: nobody asked for the result (worker_group::started_collective)
+      }
+    }
+  };
   // Why the group cannot be used any more (guarded by mutex).
   struct broken_state {
     enum { none, timeout, mpi_error } why = none;
@@ -297,13 +321,13 @@ struct group::impl {
     }
   }
 
-  // Caller <-> communication thread.
-  std::mutex caller_mutex;  // serialises callers (held for a whole job; never by the thread)
+  // Caller <-> communication thread. Jobs run one at a time, in the order they were posted (the
+  // order every worker posts them: the calling rule); a caller may post several before it waits
+  // (worker_group::start_all_reduce), so they queue.
   std::mutex mutex;
   std::condition_variable wake_comm, wake_caller;
-  job* current = nullptr;  // the job being handed over or run
-  bool taken = false;      // the communication thread has taken `current`
-  std::atomic<bool> posted{false};  // `current` is set and not taken: what the idle thread spins on
+  std::deque<job*> queue;           // posted, not yet taken by the thread (guarded by mutex)
+  std::atomic<bool> posted{false};  // the queue is not empty: what the idle thread spins on
   bool stop = false;
   bool shut_down = false;  // the thread has ended (destruction, or MPI_Finalize's callback)
   int keyval = MPI_KEYVAL_INVALID;  // attribute on MPI_COMM_SELF whose deletion (MPI_Finalize) stops us
@@ -403,7 +427,15 @@ struct group::impl {
   std::exception_ptr broken_error() const;
 
   // ---------------- caller side ----------------
-  void run(job& j);
+  /// Hands `j` to the communication thread, behind the jobs posted before it, and returns.
+  void post(job& j);
+  /// Blocks until the thread has executed `j`; rethrows its error.
+  void await(job& j);
+  /// post, then await.
+  void run(job& j) {
+    post(j);
+    await(j);
+  }
 
   /// Ends the communication thread and frees the communicators; idempotent. Called by the
   /// destructor, or by MPI_Finalize (through the MPI_COMM_SELF attribute) when the program

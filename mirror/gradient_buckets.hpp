@@ -1,0 +1,342 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mirror::GradientBuckets<T>`: a bucketed all-reduce of a nest of gradient buffers that starts
+/// each bucket while the backward pass goes on (`ctx.gradient_buckets`).
+
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <span>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#include <mirror/concepts/nest.hpp>
+#include <mirror/detail/access.hpp>
+#include <mirror/detail/agreement_check.hpp>  // site_text
+#include <mirror/detail/format.hpp>
+#include <mirror/detail/leaf_math.hpp>
+#include <mirror/detail/nest_walk.hpp>
+#include <mirror/error.hpp>
+#include <mirror/pending.hpp>
+#include <mirror/reduce_op.hpp>
+#include <mirror/source_location.hpp>
+#include <mirror/synced.hpp>
+
+namespace mirror {
+
+namespace detail {
+template <class T, class Types = element_types_t<T>>
+struct bucket_storage;
+template <class T, class... Es>
+struct bucket_storage<T, type_list<Es...>> {
+  /// Per element type: the handle of each bucket of that type (indexed by bucket).
+  using pending = std::tuple<std::vector<std::optional<Pending<Synced<std::span<Es>>>>>...>;
+  /// Per element type: how a bucket's all-reduce is started on the replica's context.
+  using starters = std::tuple<Pending<Synced<std::span<Es>>> (*)(void*, ReduceOp, std::span<Es>,
+                                                                  const mirror::source_location&)...>;
+  /// Per element type: the packed buffers of the buckets of several leaves.
+  using staging = std::tuple<std::vector<Es>...>;
+};
+}  // namespace detail
+
+/// DDP's Reducer, typed (docs/guide.md\#overlapping-communication): the leaves of `grads` are cut into
+/// buckets in *reverse* leaf order (backward produces the last layer's gradients first):
+/// bucket 0 holds the last leaves, each bucket a run of consecutive leaves of one element type
+/// whose bytes reach the bucket size (`0`: one leaf each), the last bucket the rest. The trainer
+/// calls `ready(i)` as the backward pass finishes leaf i (in nest order, any order of calls);
+/// bucket b starts its all-reduce (`all_reduce_async`: one collective per bucket; leaves that lie
+/// one after another in memory, as layers cut from one flat buffer do, are reduced in place as
+/// one span, others are packed into one buffer) inside the `ready` call that makes all its leaves ready,
+/// once bucket b-1 has started, so every replica starts the same collectives in the same order.
+/// `finish()` starts what is left, waits for every bucket and leaves the reduced values in
+/// `grads`. Results are bitwise those of `ctx.all_reduce(op, span)` of each bucket's leaves.
+///
+/// **Requires**: the same leaf sizes on every replica (else the first bucket that differs is a
+/// `mirror::shape_error` on every replica); `grads`' buffers are not touched between `ready(i)`
+/// and `finish()` (a leaf belongs to its bucket's collective), nor resized while the object
+/// lives. Host leaves only (a leaf in GPU memory is a compile error).
+/// **Errors**: `ready` of a leaf out of range or made ready twice, or `finish` twice:
+/// `mirror::error`; the collectives' errors from `ready` or `finish`, on every replica (after one,
+/// `grads` holds some buckets' results and others' inputs). A `ready` call also copies back the
+/// results of packed buckets whose collectives have completed, so `finish` copies little. An object
+/// destroyed without `finish()` waits for the buckets it started (their errors are thrown when
+/// `fn` returns) and leaves `grads` as it was where leaves were packed.
+/// **Allocation**: the packed buffers are kept by the replica's thread and reused by the next
+/// object of the same nest type with the same plan, so a training loop allocates them once.
+template <class T>
+class GradientBuckets {
+  using storage = detail::bucket_storage<T>;
+
+ public:
+  GradientBuckets(const GradientBuckets&) = delete;
+  GradientBuckets& operator=(const GradientBuckets&) = delete;
+  ~GradientBuckets() {
+    if (!finished_) release_staging();
+  }
+
+  /// Leaf `i` (in the nest's leaf order) is final; starts every bucket that is now due.
+  void ready(std::size_t i) {
+    if (i >= leaves_.size()) {
+      throw error(detail::format("mirror::GradientBuckets::ready(%zu) at %s: the nest has %zu leaves (0..%zu); "
+                                 "pass a leaf's index in the nest's leaf order",
+                                 i, detail::site_text(where_).c_str(), leaves_.size(), leaves_.size() - 1));
+    }
+    if (finished_ || leaves_[i].ready) {
+      throw error(detail::format("mirror::GradientBuckets::ready(%zu) at %s: %s; call ready once per leaf, "
+                                 "before finish()",
+                                 i, detail::site_text(where_).c_str(),
+                                 finished_ ? "finish() was already called" : "this leaf was already made ready"));
+    }
+    leaves_[i].ready = true;
+    --buckets_[leaves_[i].bucket].remaining;
+    while (next_ < buckets_.size() && buckets_[next_].remaining == 0) start(next_++);
+    unpack_completed();
+  }
+
+  /// Starts every bucket not started yet, waits for all of them, and leaves the results in
+  /// `grads`. Throws the first bucket's error (every bucket still completes first). When every
+  /// leaf of `grads` is a view (`std::span`), also returns those views as `Synced<T>`, which a
+  /// variable's `update` takes (a nest with owning leaves returns nothing: copying them would
+  /// cost what the buckets saved).
+  auto finish() {
+    wait_all();
+    if constexpr (all_views()) {
+      return detail::access::synced(T(*grads_));
+    }
+  }
+
+  /// The number of buckets.
+  std::size_t num_buckets() const noexcept { return buckets_.size(); }
+  /// The bucket of leaf `i` (0 holds the last leaves).
+  std::size_t bucket_of(std::size_t i) const { return leaves_.at(i).bucket; }
+
+ private:
+  static constexpr bool all_views() {
+    return []<class... Ls>(detail::type_list<Ls...>) {
+      return (true && ... && leaf_traits<Ls>::is_view);
+    }(detail::leaf_types_t<T>{});
+  }
+
+  void wait_all() {
+    if (finished_) {
+      throw error(detail::format("mirror::GradientBuckets::finish() at %s: called twice",
+                                 detail::site_text(where_).c_str()));
+    }
+    finished_ = true;
+    while (next_ < buckets_.size()) start(next_++);
+    std::exception_ptr first;
+    for (; waited_ < buckets_.size(); ++waited_) {
+      try {
+        wait_for(waited_);
+      } catch (...) {
+        if (first == nullptr) first = std::current_exception();
+      }
+    }
+    release_staging();
+    if (first != nullptr) std::rethrow_exception(first);
+  }
+
+  /// Bucket b's collective is complete: its packed leaves get their results.
+  void wait_for(std::size_t b) {
+    with_type(buckets_[b].type, [&]<class E>() {
+      auto& p = std::get<index_of<E>()>(pending_)[b];
+      if (!p) return;  // its start threw (that error left through ready())
+      (void)p->wait();
+    });
+    if (buckets_[b].packed) unpack(buckets_[b]);
+  }
+
+  /// During backward: the buckets whose collectives have completed, in order, take their
+  /// results now, so that finish() has only the last ones to copy back.
+  void unpack_completed() {
+    while (waited_ < next_ && ready_for(waited_)) wait_for(waited_++);
+  }
+  bool ready_for(std::size_t b) const noexcept {
+    bool r = false;
+    with_type(buckets_[b].type, [&]<class E>() {
+      const auto& p = std::get<index_of<E>()>(pending_)[b];
+      r = !p || p->ready();
+    });
+    return r;
+  }
+
+  template <class> friend class ReplicaContext;
+
+  struct leaf {
+    void* data;
+    std::size_t count;
+    unsigned type;       // index in element_types_t<T>
+    std::size_t bucket;
+    bool ready = false;
+  };
+  struct bucket {
+    std::size_t first, last;  // leaves [first, last], in nest order
+    unsigned type;
+    std::size_t remaining;    // leaves not ready yet
+    std::size_t elements;
+    std::size_t offset;       // in the type's staging (packed buckets)
+    bool packed;              // several leaves: packed into staging
+  };
+
+  template <class E>
+  static constexpr unsigned index_of() {
+    return []<class... Es>(detail::type_list<Es...>) {
+      unsigned i = 0, found = 0;
+      ((std::is_same_v<E, Es> ? (found = i, ++i) : ++i), ...);
+      return found;
+    }(detail::element_types_t<T>{});
+  }
+  template <class F>
+  static void with_type(unsigned type, F&& f) {
+    detail::for_each_type(detail::element_types_t<T>{}, [&]<class E>() {
+      if (index_of<E>() == type) f.template operator()<E>();
+    });
+  }
+
+  template <class Context>
+  GradientBuckets(Context& ctx, ReduceOp op, T& grads, std::size_t bucket_bytes, const mirror::source_location& where)
+      : context_(&ctx), op_(op), where_(where), grads_(&grads) {
+    static_assert(!detail::has_device_leaf<T>(),
+                  "mirror::ReplicaContext::gradient_buckets(op, grads, bytes): grads has a leaf in GPU memory; the "
+                  "buckets pack host buffers (pass host std::span or std::vector leaves)");
+    detail::for_each_leaf(
+        [&](auto& l) {
+          using L = std::remove_cvref_t<decltype(l)>;
+          using E = leaf_element_t<L>;
+          const auto e = leaf_traits<L>::elements(l);
+          leaves_.push_back({static_cast<void*>(e.data()), e.size(), index_of<E>(), 0});
+        },
+        grads);
+    [&]<class... Es>(detail::type_list<Es...>) {
+      starters_ = {+[](void* c, ReduceOp o, std::span<Es> s, const mirror::source_location& w) {
+        return static_cast<Context*>(c)->all_reduce_async(o, s, w);
+      }...};
+    }(detail::element_types_t<T>{});
+    plan(bucket_bytes);
+    [&]<class... Es>(detail::type_list<Es...>) {
+      ((std::get<index_of<Es>()>(pending_).resize(buckets_.size())), ...);
+    }(detail::element_types_t<T>{});
+    take_staging();
+  }
+
+  /// The buckets, from the last leaf backwards.
+  void plan(std::size_t bucket_bytes) {
+    std::vector<std::size_t> staged(std::tuple_size_v<typename storage::staging>, 0);
+    std::size_t k = leaves_.size();
+    while (k > 0) {
+      bucket b{};
+      b.last = k - 1;
+      b.type = leaves_[k - 1].type;
+      std::size_t bytes = 0;
+      do {
+        --k;
+        bytes += leaves_[k].count * element_bytes(b.type);
+        b.elements += leaves_[k].count;
+        leaves_[k].bucket = buckets_.size();
+        ++b.remaining;
+      } while (k > 0 && bytes < bucket_bytes && leaves_[k - 1].type == b.type);
+      b.first = k;
+      // Leaves that lie one after another in memory (a flat gradient buffer cut into layers, as
+      // DDP's bucket views are) are reduced in place as one span: nothing to pack.
+      b.packed = false;
+      for (std::size_t j = b.first; j < b.last && !b.packed; ++j) {
+        b.packed = static_cast<const char*>(leaves_[j].data) + leaves_[j].count * element_bytes(b.type) !=
+                   static_cast<const char*>(leaves_[j + 1].data);
+      }
+      if (b.packed) {
+        b.offset = staged[b.type];
+        staged[b.type] += b.elements;
+      }
+      buckets_.push_back(b);
+    }
+    staged_ = std::move(staged);
+  }
+
+  static std::size_t element_bytes(unsigned type) {
+    std::size_t bytes = 0;
+    with_type(type, [&]<class E>() { bytes = sizeof(E); });
+    return bytes;
+  }
+
+  void start(std::size_t b) {
+    const bucket& B = buckets_[b];
+    with_type(B.type, [&]<class E>() {
+      std::span<E> s;
+      if (B.packed) {
+        E* const out = std::get<index_of<E>()>(*staging_).data() + B.offset;
+        std::size_t at = 0;
+        for (std::size_t k = B.first; k <= B.last; ++k) {
+          if (leaves_[k].count != 0) std::memcpy(out + at, leaves_[k].data, leaves_[k].count * sizeof(E));
+          at += leaves_[k].count;
+        }
+        s = std::span<E>(out, B.elements);
+      } else {
+        s = std::span<E>(static_cast<E*>(leaves_[B.first].data), B.elements);  // one leaf, or adjacent ones
+      }
+      std::get<index_of<E>()>(pending_)[b].emplace(std::get<index_of<E>()>(starters_)(context_, op_, s, where_));
+    });
+  }
+
+  void unpack(const bucket& B) {
+    with_type(B.type, [&]<class E>() {
+      const E* in = std::get<index_of<E>()>(*staging_).data() + B.offset;
+      for (std::size_t k = B.first; k <= B.last; ++k) {
+        if (leaves_[k].count != 0) std::memcpy(leaves_[k].data, in, leaves_[k].count * sizeof(E));
+        in += leaves_[k].count;
+      }
+    });
+  }
+
+  // The packed buffers: the thread's own for this nest type while no other object of it holds
+  // them (a training loop's steps), else this object's.
+  struct thread_staging {
+    typename storage::staging buffers;
+    bool in_use = false;
+  };
+  static thread_staging& kept() {
+    static thread_local thread_staging s;
+    return s;
+  }
+  void take_staging() {
+    thread_staging& k = kept();
+    if (!k.in_use) {
+      k.in_use = true;
+      staging_ = &k.buffers;
+      borrowed_ = true;
+    } else {
+      staging_ = &own_;
+    }
+    [&]<class... Es>(detail::type_list<Es...>) {
+      ((std::get<index_of<Es>()>(*staging_).size() < staged_[index_of<Es>()]
+            ? std::get<index_of<Es>()>(*staging_).resize(staged_[index_of<Es>()])
+            : void()),
+       ...);
+    }(detail::element_types_t<T>{});
+  }
+  void release_staging() noexcept {
+    if (borrowed_) kept().in_use = false;
+    borrowed_ = false;
+  }
+
+  void* context_;
+  ReduceOp op_;
+  mirror::source_location where_;
+  T* grads_;
+  std::vector<leaf> leaves_;
+  std::vector<bucket> buckets_;
+  std::vector<std::size_t> staged_;  // per element type: the packed buffers' elements
+  std::size_t next_ = 0;             // the next bucket to start
+  std::size_t waited_ = 0;           // the buckets before it were waited for (and unpacked)
+  bool finished_ = false;
+  typename storage::starters starters_{};
+  typename storage::staging own_;
+  typename storage::staging* staging_ = nullptr;
+  bool borrowed_ = false;
+  // Last: destroyed first, so a bucket still in flight completes while its buffers live.
+  typename storage::pending pending_;
+};
+
+}  // namespace mirror

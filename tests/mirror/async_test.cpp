@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: Apache-2.0
+// The rules of the non-blocking collectives and gradient buckets on one process
+// (docs/guide.md#overlapping-communication): handles, errors, the bucket plan. Their results
+// against the blocking forms are in the conformance suites, on every (device, ops) pair;
+// devices::Cluster, where the cross-worker step overlaps, in tests/mpi/async_test.cpp.
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+#include <mirror/mirror.hpp>
+
+namespace {
+using mirror::ReduceOp;
+using Strategy = mirror::Strategy<mirror::devices::Threads>;
+
+Strategy& strategy_with(int replicas) {
+  static std::vector<std::unique_ptr<Strategy>> cache(9);
+  auto& s = cache[static_cast<std::size_t>(replicas)];
+  if (!s) s = std::make_unique<Strategy>(mirror::devices::Threads{.replicas = replicas, .timeout = std::chrono::seconds(5)});
+  return *s;
+}
+}  // namespace
+
+TEST_CASE("async: wait() gives the result once; a second wait is a mirror::error", "[async]") {
+  auto& s = strategy_with(3);
+  std::atomic<int> twice{0};
+  const auto sums = s.run([&](auto& ctx) {
+    auto p = ctx.all_reduce_async(ReduceOp::sum, ctx.replica_id_in_sync_group() + 1);
+    const int v = *p.wait();
+    try {
+      (void)p.wait();
+    } catch (const mirror::error& e) {
+      if (std::string(e.what()).find("already taken") != std::string::npos) ++twice;
+    }
+    return v;
+  });
+  for (const int v : sums) REQUIRE(v == 6);
+  REQUIRE(twice == 3);
+}
+
+TEST_CASE("async: a moved-from handle owns nothing; the moved-to one gives the result", "[async]") {
+  auto& s = strategy_with(2);
+  const auto sums = s.run([&](auto& ctx) {
+    auto p = ctx.all_reduce_async(ReduceOp::sum, std::vector<int>{1, 2});
+    mirror::Pending<mirror::Synced<std::vector<int>>> q = std::move(p);
+    auto r = ctx.all_reduce_async(ReduceOp::max, std::vector<int>{5, 5});
+    r = std::move(q);  // the max's handle is dropped: it completes here
+    return (*r.wait())[1];
+  });
+  for (const int v : sums) REQUIRE(v == 4);
+}
+
+TEST_CASE("async: the blocking form's errors: a mismatch is a shape_error on every replica", "[async]") {
+  for (const int R : {2, 3}) {
+    auto& s = strategy_with(R);
+    std::atomic<int> caught{0};
+    REQUIRE_THROWS_AS(s.run([&](auto& ctx) {
+                        try {
+                          auto p = ctx.all_reduce_async(
+                              ReduceOp::sum, std::vector<float>(ctx.replica_id_in_sync_group() == 1 ? 4 : 3, 1.0f));
+                          p.wait();
+                        } catch (const mirror::shape_error&) {
+                          ++caught;
+                          throw;
+                        }
+                      }),
+                      mirror::shape_error);
+    REQUIRE(caught == R);
+    // The strategy goes on.
+    const auto ok = s.run([](auto& ctx) { return ctx.all_reduce_async(ReduceOp::sum, 1).wait(); });
+    REQUIRE(ok[0] == R);
+  }
+}
+
+TEST_CASE("async: a replica that never starts the collective is a timeout_error naming it", "[async]") {
+  mirror::Strategy<mirror::devices::Threads> s(mirror::devices::Threads{.replicas = 2, .timeout = std::chrono::milliseconds(200)});
+  try {
+    s.run([](auto& ctx) {
+      if (ctx.replica_id_in_sync_group() == 1) return;
+      ctx.all_reduce_async(ReduceOp::sum, 1.0f).wait();
+    });
+    FAIL("no error");
+  } catch (const mirror::timeout_error& e) {
+    REQUIRE(e.missing() == std::vector<int>{1});
+  }
+}
+
+TEST_CASE("gradient buckets: the plan cuts reverse leaf order by bytes and by element type", "[async]") {
+  auto& s = strategy_with(2);
+  using Grads = std::tuple<std::vector<float>, std::vector<float>, std::vector<double>, std::vector<float>,
+                           std::vector<float>>;
+  struct plan {
+    std::size_t cap;
+    std::size_t buckets;
+    std::vector<std::size_t> of;  // bucket of each leaf
+  };
+  // Bytes: 40, 1200, 56, 132, 0. Reverse order: leaf 4, 3 (floats), then a double, then floats.
+  const std::vector<plan> plans{
+      {0, 5, {4, 3, 2, 1, 0}},                  // one leaf each
+      {100, 4, {3, 2, 1, 0, 0}},                // {4, 3}: 0 B + 132 B reach 100 B; {2}: a type change
+      {1 << 20, 3, {2, 2, 1, 0, 0}},            // type changes cut: {4, 3}, {2}, {1, 0}
+  };
+  for (const plan& p : plans) {
+    CAPTURE(p.cap);
+    std::atomic<int> wrong{0};
+    s.run([&](auto& ctx) {
+      Grads g{std::vector<float>(10), std::vector<float>(300), std::vector<double>(7), std::vector<float>(33),
+              std::vector<float>{}};
+      auto b = ctx.gradient_buckets(ReduceOp::sum, g, p.cap);
+      if (b.num_buckets() != p.buckets) ++wrong;
+      for (std::size_t i = 0; i < 5; ++i) {
+        if (b.bucket_of(i) != p.of[i]) ++wrong;
+      }
+      for (std::size_t i = 0; i < 5; ++i) b.ready(i);
+      b.finish();
+    });
+    REQUIRE(wrong == 0);
+  }
+}
+
+TEST_CASE("gradient buckets: misuse is a mirror::error naming the call", "[async]") {
+  auto& s = strategy_with(2);
+  std::atomic<int> errors{0};
+  s.run([&](auto& ctx) {
+    std::tuple<std::vector<float>, std::vector<float>> g{std::vector<float>(4, 1.0f), std::vector<float>(4, 1.0f)};
+    auto b = ctx.gradient_buckets(ReduceOp::sum, g, 0);
+    const auto expect = [&](auto&& call, const char* says) {
+      try {
+        call();
+      } catch (const mirror::error& e) {
+        const std::string what = e.what();
+        if (what.find(says) != std::string::npos && what.find("async_test.cpp") != std::string::npos) ++errors;
+      }
+    };
+    expect([&] { b.ready(2); }, "the nest has 2 leaves");
+    b.ready(1);
+    expect([&] { b.ready(1); }, "already made ready");
+    b.finish();  // starts leaf 0's bucket, never made ready
+    expect([&] { b.finish(); }, "called twice");
+    expect([&] { b.ready(0); }, "finish() was already called");
+    if (std::get<0>(g)[3] != 2.0f || std::get<1>(g)[0] != 2.0f) errors += 100;
+  });
+  REQUIRE(errors == 2 * 4);
+}
+
+TEST_CASE("gradient buckets: leaves of other sizes on one replica are a shape_error on every replica", "[async]") {
+  auto& s = strategy_with(3);
+  REQUIRE_THROWS_AS(s.run([](auto& ctx) {
+                      std::tuple<std::vector<float>, std::vector<float>> g{
+                          std::vector<float>(4), std::vector<float>(ctx.replica_id_in_sync_group() == 2 ? 5 : 4)};
+                      auto b = ctx.gradient_buckets(ReduceOp::sum, g, 0);
+                      b.ready(1);
+                      b.ready(0);
+                      b.finish();
+                    }),
+                    mirror::shape_error);
+}
+
+TEST_CASE("gradient buckets: finish() of spans returns them as Synced, for a variable's update", "[async]") {
+  auto& s = strategy_with(2);
+  auto v = s.make_variable(std::vector<float>(3, 0.0f));
+  std::vector<std::vector<float>> grads(2, std::vector<float>(3, 1.0f));
+  s.run([&](auto& ctx, auto& var) {
+    std::tuple<std::span<float>> g{std::span<float>(grads[static_cast<std::size_t>(ctx.replica_id_in_sync_group())])};
+    auto b = ctx.gradient_buckets(ReduceOp::sum, g, 0);
+    b.ready(0);
+    const mirror::Synced<std::tuple<std::span<float>>> reduced = b.finish();
+    var.update([](std::vector<float>& w, const std::tuple<std::span<float>>& d) { w[0] += std::get<0>(d)[0]; }, reduced);
+  }, v);
+  REQUIRE(v.value()[0] == 2.0f);
+}
+
+TEST_CASE("gradient buckets: layers cut from one flat buffer are reduced in place, adjacent ones together",
+          "[async]") {
+  auto& s = strategy_with(3);
+  // Leaves 0-2 adjacent in one buffer; leaf 3 elsewhere (a bucket of {2, 3} must pack).
+  using Grads = std::array<std::span<float>, 4>;
+  for (const std::size_t cap : {std::size_t{0}, std::size_t{64}, std::size_t{1} << 20}) {
+    CAPTURE(cap);
+    std::atomic<int> wrong{0};
+    s.run([&](auto& ctx) {
+      const float g = static_cast<float>(ctx.replica_id_in_sync_group());
+      std::vector<float> flat(30), apart(7);
+      for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = g * 0.37f + static_cast<float>(i) * 0.011f;
+      for (std::size_t i = 0; i < apart.size(); ++i) apart[i] = g * 1.3f - static_cast<float>(i);
+      const std::vector<float> flat_in = flat, apart_in = apart;
+      Grads grads{std::span<float>(flat.data(), 10), std::span<float>(flat.data() + 10, 5),
+                  std::span<float>(flat.data() + 15, 15), std::span<float>(apart)};
+      auto b = ctx.gradient_buckets(ReduceOp::mean, grads, cap);
+      for (std::size_t i = 4; i-- > 0;) b.ready(i);
+      b.finish();
+      const auto want_flat = ctx.all_reduce(ReduceOp::mean, flat_in);
+      const auto want_apart = ctx.all_reduce(ReduceOp::mean, apart_in);
+      if (flat != *want_flat || apart != *want_apart) ++wrong;
+    });
+    REQUIRE(wrong == 0);
+  }
+}
