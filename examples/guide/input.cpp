@@ -2,6 +2,7 @@
 // docs/guide.md, "Input": the snippets between the // [name] markers are copied into the guide
 // (tools/check_docs.py keeps the two equal). Exits 1 on a wrong value.
 #include <mirror/mirror.hpp>
+#include "check.hpp"
 #include <boost/hana/define_struct.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -15,13 +16,7 @@ struct Batch {                   // a batch is a nest whose leaves have a leadin
 };
 // [/batch]
 
-static int failures = 0;
-static void check(bool ok, const char* what) {
-  if (!ok) {
-    std::printf("FAILED: %s\n", what);
-    ++failures;
-  }
-}
+using guide::check;
 
 int main() {
   mirror::Strategy<mirror::devices::Threads> strategy{{.replicas = 3}};
@@ -63,6 +58,5 @@ int main() {
   // [/from_function]
   check(steps == 2 && total == 66, "from_function");
 
-  std::printf("input: %s\n", failures == 0 ? "every value as documented" : "WRONG VALUES");
-  return failures == 0 ? 0 : 1;
+  return guide::result("input");
 }

@@ -2,6 +2,7 @@
 // docs/guide.md, "Nests and leaves": the snippets between the // [name] markers are copied
 // into the guide (tools/check_docs.py keeps the two equal). Exits 1 on a wrong value.
 #include <mirror/mirror.hpp>
+#include "check.hpp"
 #include <boost/hana/adapt_struct.hpp>
 #include <boost/hana/define_struct.hpp>
 #include <array>
@@ -38,13 +39,7 @@ struct mirror::leaf_traits<Buffer> {
 };
 // [/leaf_traits]
 
-static int failures = 0;
-static void check(bool ok, const char* what) {
-  if (!ok) {
-    std::printf("FAILED: %s\n", what);
-    ++failures;
-  }
-}
+using guide::check;
 
 int main() {
   mirror::Strategy<mirror::devices::Threads> strategy{{.replicas = 3}};
@@ -69,6 +64,5 @@ int main() {
   });
   check(memory[0] == std::vector<float>(5, 1.0f) && memory[2] == std::vector<float>(5, 1.0f), "user leaf");
 
-  std::printf("nests: %s\n", failures == 0 ? "every value as documented" : "WRONG VALUES");
-  return failures == 0 ? 0 : 1;
+  return guide::result("nests");
 }

@@ -2,19 +2,14 @@
 // docs/guide.md, "Overlapping communication": the snippets between the // [name] markers are
 // copied into the guide (tools/check_docs.py keeps the two equal). Exits 1 on a wrong value.
 #include <mirror/mirror.hpp>
+#include "check.hpp"
 #include <cstddef>
 #include <cstdio>
 #include <span>
 #include <tuple>
 #include <vector>
 
-static int failures = 0;
-static void check(bool ok, const char* what) {
-  if (!ok) {
-    std::printf("FAILED: %s\n", what);
-    ++failures;
-  }
-}
+using guide::check;
 
 int main() {
   using Strategy = mirror::Strategy<mirror::devices::Threads>;
@@ -63,5 +58,5 @@ int main() {
     // [/buckets]
     for (const float s : sums) check(s == 12.0f, "buckets");
   }
-  return failures == 0 ? 0 : 1;
+  return guide::result("overlap");
 }

@@ -2,18 +2,13 @@
 // docs/guide.md, "Run, values and collectives": the snippets between the // [name] markers
 // are copied into the guide (tools/check_docs.py keeps the two equal). Exits 1 on a wrong value.
 #include <mirror/mirror.hpp>
+#include "check.hpp"
 #include <cstdio>
 #include <span>
 #include <tuple>
 #include <vector>
 
-static int failures = 0;
-static void check(bool ok, const char* what) {
-  if (!ok) {
-    std::printf("FAILED: %s\n", what);
-    ++failures;
-  }
-}
+using guide::check;
 
 int main() {
   // [strategy]
@@ -136,6 +131,5 @@ int main() {
               grads[3][0] == 1.0f,
           "reduce_scatter in place");
   }
-  std::printf("run_and_reduce: %s\n", failures == 0 ? "every value as documented" : "WRONG VALUES");
-  return failures == 0 ? 0 : 1;
+  return guide::result("run_and_reduce");
 }

@@ -2,6 +2,7 @@
 // docs/guide.md, "Variables" and "Checkpoints": the snippets between the // [name] markers are
 // copied into the guide (tools/check_docs.py keeps the two equal). Exits 1 on a wrong value.
 #include <mirror/mirror.hpp>
+#include "check.hpp"
 #include <boost/hana/define_struct.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -16,13 +17,7 @@ struct Params {
 };
 // [/model]
 
-static int failures = 0;
-static void check(bool ok, const char* what) {
-  if (!ok) {
-    std::printf("FAILED: %s\n", what);
-    ++failures;
-  }
-}
+using guide::check;
 
 int main() {
   mirror::Strategy<mirror::devices::Threads> strategy{{.replicas = 2}};
@@ -87,6 +82,5 @@ int main() {
   check(params2.value().w == params.value().w && seen2.value() == 64, "restore");
   std::filesystem::remove(path);
 
-  std::printf("variables: %s\n", failures == 0 ? "every value as documented" : "WRONG VALUES");
-  return failures == 0 ? 0 : 1;
+  return guide::result("variables");
 }

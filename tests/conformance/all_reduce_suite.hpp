@@ -82,6 +82,15 @@ struct Mixed {
                            (std::tuple<int, std::vector<int>>, t), (std::int64_t, steps));
 };
 
+/// Replica r's Mixed: every kind of leaf, values that depend on r.
+inline Mixed make_mixed(int r) {
+  return Mixed{std::vector<float>{float(r), float(2 * r), -1.0f, float(r * r)},
+               float(10 + r),
+               {double(r), -double(r), 0.5},
+               {r * 3, std::vector<int>(5, r - 1)},
+               std::int64_t{100} * r};
+}
+
 }  // namespace conformance
 
 using mirror::ReduceOp;
@@ -146,13 +155,7 @@ TEST_CASE("conformance: a nest of several element types and leaf kinds is reduce
     auto& s = conformance::strategy_with(R);
     for (const auto op : {ReduceOp::sum, ReduceOp::min, ReduceOp::mean}) {
       CAPTURE(R, mirror::to_string(op));
-      auto make = [](int r) {
-        return conformance::Mixed{std::vector<float>{float(r), float(2 * r), -1.0f, float(r * r)},
-                                  float(10 + r),
-                                  {double(r), -double(r), 0.5},
-                                  {r * 3, std::vector<int>(5, r - 1)},
-                                  std::int64_t{100} * r};
-      };
+      const auto make = conformance::make_mixed;
       const auto per_replica = s.run([&](auto& ctx) {
         return std::pair{make(ctx.replica_id_in_sync_group()),
                          ctx.all_reduce(op, make(ctx.replica_id_in_sync_group()))};
@@ -418,13 +421,7 @@ TEST_CASE("conformance: the non-blocking forms give the blocking forms' bits, se
         spans_async[static_cast<std::size_t>(r)] = mirror::test::input_vector<float>(op, r, n);
         spans_blocking[static_cast<std::size_t>(r)] = spans_async[static_cast<std::size_t>(r)];
       }
-      auto make = [](int r) {
-        return conformance::Mixed{std::vector<float>{float(r), float(2 * r), -1.0f, float(r * r)},
-                                  float(10 + r),
-                                  {double(r), -double(r), 0.5},
-                                  {r * 3, std::vector<int>(5, r - 1)},
-                                  std::int64_t{100} * r};
-      };
+      const auto make = conformance::make_mixed;
       std::atomic<int> wrong{0};
       s.run([&](auto& ctx) {
         const int g = ctx.replica_id_in_sync_group();
