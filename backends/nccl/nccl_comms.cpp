@@ -11,6 +11,7 @@
 // communicator gone (null) after an abort throws instead of calling NCCL.
 
 #include <mirror/backends/nccl/nccl_comms.hpp>
+#include <mirror/backends/cuda/device_guard.hpp>
 #include <mirror/backends/cuda/kernels.hpp>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -81,6 +82,20 @@ void check_cuda(cudaError_t e, const std::string& what) {
                         static_cast<long>(e));
   }
 }
+
+// A device made current for a scope (cuda/device_guard.hpp), failing as the rest of this file does.
+struct rank_device_api {
+  static int current() {
+    int d = 0;
+    check_cuda(cudaGetDevice(&d), "cudaGetDevice");
+    return d;
+  }
+  static void make_current(int device) { check_cuda(cudaSetDevice(device), "cudaSetDevice"); }
+  static void restore(int device) noexcept {
+    if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+  }
+};
+using rank_device_guard = cuda::impl::basic_device_guard<rank_device_api>;
 
 // cudaEventQuery, with its expected "not yet" taken off the thread's last error: left there, the
 // next launch's cudaGetLastError() (the integer-mean divide kernel's) would report it as its own.
@@ -314,14 +329,20 @@ void destroy(comms* c) noexcept {
     }
     std::lock_guard lock(c->comm_mutex[i]);
     if (c->comm[i] != nullptr) {
-      // Non-blocking: finalize may report ncclInProgress; destroy then completes it.
+      // Non-blocking: finalize may report ncclInProgress; it gets about 5 s to complete. NCCL
+      // frees only a communicator whose finalize has completed: one still in progress (a peer
+      // that never finalizes, a lost link) is aborted instead, which frees it in any state.
       (void)ncclCommFinalize(c->comm[i]);
       ncclResult_t state = ncclInProgress;
       for (int polls = 0; polls < 100000 && state == ncclInProgress; ++polls) {
         if (ncclCommGetAsyncError(c->comm[i], &state) != ncclSuccess) break;
         if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
-      (void)ncclCommDestroy(c->comm[i]);
+      if (state == ncclInProgress) {
+        (void)ncclCommAbort(c->comm[i]);
+      } else {
+        (void)ncclCommDestroy(c->comm[i]);
+      }
       c->comm[i] = nullptr;
     }
   }
@@ -429,7 +450,12 @@ void enqueue_group(comms& c, int rank, cudaStream_t s, std::chrono::milliseconds
       expire_for(std::string("for NCCL to enqueue the ") + noun, sequence);
     }
   }
-  after();
+  {
+    // What follows the collective on the stream (a mean's division, a cut's copy) launches on the
+    // rank's device, whichever device the replica's fn left current; the caller's comes back.
+    const rank_device_guard on(c.devices[me]);
+    after();
+  }
   // Completion is watched, not waited for: the event joins this rank's ring with its deadline,
   // and the next collective on this rank (or destroy) retires it or times it out. So the
   // host returns once the work is enqueued (docs/cuda.md#the-device); a lost peer cannot enqueue

@@ -108,6 +108,7 @@ struct ncclComm {
   std::atomic<int> in_use{0};
   std::atomic<bool> aborted{false};
   bool destroyed = false;
+  bool finalizing = false;  // ncclCommFinalize was called
 };
 
 struct CUevent_st {
@@ -622,6 +623,10 @@ ncclResult_t ncclGroupEnd() {
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   const inside in(comm, "ncclCommGetAsyncError");
   std::lock_guard g(lock);
+  if (comm->finalizing && plan.finalize_hangs) {
+    *state = ncclInProgress;
+    return ncclSuccess;
+  }
   if (comm->init_polls > 0) {
     --comm->init_polls;
     *state = ncclInProgress;
@@ -649,11 +654,19 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   const inside in(comm, "ncclCommFinalize");
-  return ncclSuccess;
+  std::lock_guard g(lock);
+  comm->finalizing = true;
+  return plan.finalize_hangs ? ncclInProgress : ncclSuccess;
 }
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   {
     const inside in(comm, "ncclCommDestroy");
+  }
+  if (comm->finalizing && plan.finalize_hangs) {
+    // NCCL frees a communicator only once its finalize has completed; one still in progress
+    // must be aborted instead.
+    violation("ncclCommDestroy of a communicator whose ncclCommFinalize is still in progress");
+    return ncclInProgress;
   }
   comm->destroyed = true;
   std::lock_guard g(lock);

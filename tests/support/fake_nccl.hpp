@@ -30,6 +30,7 @@ struct script {
   int devices = 8;              // cudaGetDeviceCount
   bool can_access_peer = true;  // cudaDeviceCanAccessPeer's answer for every pair
   int enable_peer_error = 0;    // what cudaDeviceEnablePeerAccess fails with (0: it succeeds)
+  bool finalize_hangs = false;  // ncclCommFinalize never completes (the state stays ncclInProgress)
 };
 void reset(const script& s = {});
 

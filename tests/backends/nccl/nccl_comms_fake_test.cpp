@@ -99,6 +99,44 @@ TEST_CASE("nccl: two ranks on two threads sum their buffers; the caller's device
   require_rules_kept();
 }
 
+TEST_CASE("nccl: an integer mean divides on the rank's device, whichever device the caller left current",
+          "[nccl][fake]") {
+  fake_nccl::reset();
+  comms_ptr c({0, 1});
+  // Streams of the ranks' devices, as devices::Cuda makes them (checked against the current device).
+  fake_nccl::stream sa{-1, 0}, sb{-1, 1};
+  auto mean = [&](int rank, fake_nccl::stream& s, std::vector<std::int32_t>& v) {
+    REQUIRE(cudaSetDevice(5) == cudaSuccess);  // fn left another device current
+    void* buffers[] = {v.data()};
+    const std::size_t counts[] = {v.size()};
+    nccl::all_reduce(*c, rank, &s, ReduceOp::mean, kernel_kind_of<std::int32_t>(), buffers, counts, 5s);
+    REQUIRE(fake_nccl::current_device() == 5);  // and gets it back
+  };
+  std::vector<std::int32_t> a(4, 1), b(4, 2);
+  std::thread t([&] { mean(1, sb, b); });
+  mean(0, sa, a);
+  t.join();
+  REQUIRE(a == std::vector<std::int32_t>(4, 1));  // (1 + 2) / 2, truncated as C++ does
+  REQUIRE(b == std::vector<std::int32_t>(4, 1));
+  require_rules_kept();
+}
+
+TEST_CASE("nccl: a communicator whose finalize never completes is aborted, not destroyed", "[nccl][fake]") {
+  fake_nccl::script plan;
+  plan.finalize_hangs = true;
+  fake_nccl::reset(plan);
+  {
+    comms_ptr c({0});
+    std::vector<float> a(4, 1.0f);
+    fake_nccl::stream s{0};
+    all_reduce(*c, 0, s, a);
+  }  // destroy: finalize stays in progress for its ~5 s, then the communicator is aborted
+  const auto r = fake_nccl::snapshot();
+  REQUIRE(r.aborts == 1);
+  REQUIRE(r.destroys == 0);
+  require_rules_kept();
+}
+
 TEST_CASE("nccl: a communicator whose initialisation fails is an error, not a ready communicator",
           "[nccl][fake]") {
   fake_nccl::reset({.init_async = ncclSystemError});
