@@ -36,7 +36,9 @@ namespace mirror::ops {
 ///
 /// **Requires**: `devices::Cuda` with one replica per GPU — NCCL refuses two ranks on one GPU,
 /// so `replicas_per_gpu > 1` is refused at construction (use `ReductionToOneDevice` or
-/// `HierarchicalCopy` there); `num_packs >= 0`.
+/// `HierarchicalCopy` there); `num_packs >= 0`; every device leaf in the memory of the replica's
+/// own GPU (a leaf on another GPU is `std::invalid_argument` naming the replica and both GPUs,
+/// before anything is enqueued: NCCL would work on it through peer access, racing its owner).
 /// **Errors**: `std::invalid_argument` at construction for the settings above;
 /// `mirror::backend_error` (with the `ncclResult_t`) when NCCL fails; a collective that does not
 /// complete within the device's `timeout` aborts the communicators and throws
@@ -127,6 +129,7 @@ struct NcclAllReduce {
     Rt& rt = c.runtime();
     const int self = c.self();
     const std::size_t k_leaves = s.leaves.size();
+    require_own_device(c, s.leaves, "all_reduce");
     const bool concat = num_packs > 0 && k_leaves > 1;
     const pointer packed = concat ? rt.template scratch<E>(self, s.total) : pointer{};
     detail::worker_group* const workers = workers_of(rt);
@@ -206,6 +209,8 @@ struct NcclAllReduce {
     Rt& rt = c.runtime();
     const int self = c.self();
     detail::worker_group* const workers = workers_of(rt);
+    require_own_device(c, in.leaves, "reduce_scatter");
+    require_own_device(c, out.leaves, "reduce_scatter");
     nccl::impl::comms& comms = comms_of(rt, workers);
     // (Before the exchange: growing the scratch synchronises the replicas' streams.)
     const std::size_t padded = nccl::impl::reduce_scatter_scratch(comms, in.sizes);
@@ -239,6 +244,8 @@ struct NcclAllReduce {
                   std::span<const std::size_t> counts, const backend::segment_list<Rt, E>& out) const {
     Rt& rt = c.runtime();
     const int self = c.self();
+    require_own_device(c, in.leaves, "all_gather");
+    require_own_device(c, out.leaves, "all_gather");
     detail::worker_group* const workers = workers_of(rt);
     // Across workers the counts already agree (the caller gathered them); this checks the element
     // type, so that no worker's NCCL call waits on the GPU for a call that never matches.
@@ -261,6 +268,27 @@ struct NcclAllReduce {
   }
 
  private:
+  /// NCCL reads and writes only its rank's GPU: a leaf in another GPU's memory (reachable through
+  /// peer access, so nothing would fail) would be reduced by this replica's rank while its owner's
+  /// rank works on it too. Refused before anything is enqueued; the other replicas are cancelled.
+  template <class Rt, class P>
+  static void require_own_device(backend::collective<Rt>& c, std::span<const P> leaves, const char* verb) {
+    const int mine = c.runtime().device_of(c.self());
+    for (std::size_t k = 0; k < leaves.size(); ++k) {
+      if (leaves[k].device == mine || leaves[k].device < 0) continue;
+      int replica = c.self();
+      if constexpr (requires(const Rt& rt) { rt.first_replica(); }) replica += c.runtime().first_replica();
+      throw std::invalid_argument(
+          detail::format("mirror::ops::NcclAllReduce: %s on replica %d: leaf %zu of its element type is memory "
+                         "of GPU %d, but the replica runs on GPU %d, and NCCL works on its own GPU's memory only; "
+                         "give each replica a buffer on its own GPU (allocate it inside fn, or use "
+                         "mirror::cuda::device_buffer per replica), or use ops::ReductionToOneDevice or "
+                         "ops::HierarchicalCopy, which copy between GPUs",
+                         verb, replica, k, leaves[k].device, mine)
+              .c_str());
+    }
+  }
+
   // The cross-worker group of devices::Cluster<Cuda>'s runtime; null in one process.
   template <class Rt>
   static detail::worker_group* workers_of(Rt& rt) noexcept {

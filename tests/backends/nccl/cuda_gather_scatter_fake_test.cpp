@@ -8,8 +8,11 @@
 // kernels. Results against the serial reference (tests/support/reference.hpp), whose cut r is what
 // replica r must receive: the fake folds ranks in order, so every op is exact here.
 #include <catch2/catch.hpp>
+#include <cuda_runtime_api.h>  // the fake's cudaSetDevice and cudaMalloc (tests/support/fake_nccl.cpp)
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <span>
 #include <tuple>
 #include <vector>
@@ -164,6 +167,47 @@ TEMPLATE_TEST_CASE("cuda (fake GPUs): all_gather concatenates every replica's le
     const auto seen = fake_nccl::snapshot();
     REQUIRE(seen.all_gather_calls > 0);
     REQUIRE(seen.broadcast_calls > 0);
+  }
+  require_rules_kept();
+}
+
+TEST_CASE("cuda (fake GPUs): NcclAllReduce refuses a device leaf on another replica's GPU, naming both GPUs",
+          "[cuda][nccl][fake]") {
+  fake_nccl::reset({.devices = replicas});
+  {
+    auto s = make_strategy<mirror::ops::NcclAllReduce>();
+    // Replica 1's leaf is memory of GPU 2 (replica 2's): NCCL on GPU 1 would work on another
+    // GPU's memory through peer access, racing replica 2's own collective on it.
+    std::vector<float*> memory(replicas, nullptr);
+    for (int d = 0; d < replicas; ++d) {
+      REQUIRE(cudaSetDevice(d) == cudaSuccess);
+      REQUIRE(cudaMalloc(reinterpret_cast<void**>(&memory[static_cast<std::size_t>(d)]), 16 * sizeof(float)) ==
+              cudaSuccess);
+    }
+    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    for (const int verb : {0, 1}) {
+      CAPTURE(verb);
+      try {
+        s.run([&](auto& ctx) {
+          const int r = ctx.replica_id_in_sync_group();
+          float* mine = memory[static_cast<std::size_t>(r == 1 ? 2 : r)];
+          const mirror::cuda::device_span<float> leaf(mine, 16);
+          if (verb == 0) ctx.all_reduce(ReduceOp::sum, leaf);
+          if (verb == 1) ctx.reduce_scatter(ReduceOp::sum, leaf);
+        });
+        FAIL("no error");
+      } catch (const mirror::replica_error& e) {  // run's wrapping of replica 1's invalid_argument
+        const std::string what = e.what();
+        CHECK(e.replica() == 1);
+        CHECK_THAT(what, Catch::Contains("on replica 1: leaf 0"));
+        CHECK_THAT(what, Catch::Contains("memory of GPU 2"));
+        CHECK_THAT(what, Catch::Contains("runs on GPU 1"));
+        CHECK_THROWS_AS(e.rethrow_nested(), std::invalid_argument);
+      }
+    }
+    const auto r = fake_nccl::snapshot();
+    CHECK(r.all_reduce_calls + r.reduce_scatter_calls == 0);  // refused before NCCL
+    for (float* p : memory) (void)cudaFree(p);
   }
   require_rules_kept();
 }
