@@ -534,6 +534,16 @@ void reduce_scatter(comms& c, int rank, void* stream, ReduceOp op, detail::eleme
   // leaf; none for the others).
   std::vector<std::size_t> padded_at(sizes.size(), 0);
   std::size_t used = 0;
+  // The 2D copy and set below take the block as their pitch, which CUDA limits
+  // (cudaDevAttrMaxPitch, 2^31-1 bytes today): a larger block goes row by row (N rows at most).
+  std::size_t max_pitch = 0;
+  for (std::size_t k = 0; k < sizes.size() && max_pitch == 0; ++k) {
+    if (sizes[k] % n_ranks == 0) continue;
+    int v = 0;
+    check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrMaxPitch, c.devices[static_cast<std::size_t>(rank)]),
+               "cudaDeviceGetAttribute (cudaDevAttrMaxPitch)");
+    max_pitch = static_cast<std::size_t>(v);
+  }
   for (std::size_t k = 0; k < sizes.size(); ++k) {
     const std::size_t n = sizes[k];
     if (n % n_ranks == 0) continue;
@@ -545,13 +555,22 @@ void reduce_scatter(comms& c, int rank, void* stream, ReduceOp op, detail::eleme
     // is zeroed: every rank reduces the same defined values there, and nobody reads the result.
     check_cuda(cudaMemcpyAsync(pad, in[k], e * block * es, cudaMemcpyDeviceToDevice, s),
                "cudaMemcpyAsync (reduce_scatter: the leaf into the padded scratch)");
-    if (b > 0) {
-      check_cuda(cudaMemcpy2DAsync(at(pad, e * block, es), block * es, at(in[k], e * block, es), b * es, b * es,
-                                   n_ranks - e, cudaMemcpyDeviceToDevice, s),
-                 "cudaMemcpy2DAsync (reduce_scatter: the short cuts into the padded scratch)");
+    if (block * es <= max_pitch) {
+      if (b > 0) {
+        check_cuda(cudaMemcpy2DAsync(at(pad, e * block, es), block * es, at(in[k], e * block, es), b * es, b * es,
+                                     n_ranks - e, cudaMemcpyDeviceToDevice, s),
+                   "cudaMemcpy2DAsync (reduce_scatter: the short cuts into the padded scratch)");
+      }
+      check_cuda(cudaMemset2DAsync(at(pad, e * block + b, es), block * es, 0, es, n_ranks - e, s),
+                 "cudaMemset2DAsync (reduce_scatter: the padding)");
+    } else {
+      for (std::size_t r = e; r < n_ranks; ++r) {
+        char* const row = at(pad, r * block, es);
+        check_cuda(cudaMemcpyAsync(row, at(in[k], e * block + (r - e) * b, es), b * es, cudaMemcpyDeviceToDevice, s),
+                   "cudaMemcpyAsync (reduce_scatter: a short cut into the padded scratch)");
+        check_cuda(cudaMemset2DAsync(at(row, b, es), es, 0, es, 1, s), "cudaMemset2DAsync (reduce_scatter: the padding)");
+      }
     }
-    check_cuda(cudaMemset2DAsync(at(pad, e * block + b, es), block * es, 0, es, n_ranks - e, s),
-               "cudaMemset2DAsync (reduce_scatter: the padding)");
     used += n_ranks * block;
   }
   enqueue_group(

@@ -364,9 +364,18 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcp
   std::memcpy(dst, src, n);
   return cudaSuccess;
 }
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  if (attr != cudaDevAttrMaxPitch) return last = cudaErrorInvalidValue;  // the only one mirror asks
+  *value = static_cast<int>(plan.max_pitch);
+  return cudaSuccess;
+}
 cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                               std::size_t height, cudaMemcpyKind, cudaStream_t) {
   if (width > dpitch || width > spitch) return last = cudaErrorInvalidPitchValue;
+  if (dpitch > plan.max_pitch || spitch > plan.max_pitch) {
+    violation("cudaMemcpy2DAsync with a pitch above cudaDevAttrMaxPitch");
+    return last = cudaErrorInvalidPitchValue;
+  }
   for (std::size_t row = 0; row < height; ++row) {
     std::memcpy(static_cast<char*>(dst) + row * dpitch, static_cast<const char*>(src) + row * spitch, width);
   }
@@ -375,6 +384,10 @@ cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, st
 cudaError_t cudaMemset2DAsync(void* p, std::size_t pitch, int value, std::size_t width, std::size_t height,
                               cudaStream_t) {
   if (width > pitch) return last = cudaErrorInvalidPitchValue;
+  if (pitch > plan.max_pitch) {
+    violation("cudaMemset2DAsync with a pitch above cudaDevAttrMaxPitch");
+    return last = cudaErrorInvalidPitchValue;
+  }
   for (std::size_t row = 0; row < height; ++row) std::memset(static_cast<char*>(p) + row * pitch, value, width);
   return cudaSuccess;
 }

@@ -7,6 +7,7 @@
 // their memory is host memory that the fake tracks, a "stream" belongs to the device current
 // when it was made (tests may make their own: fake_nccl::stream), and ranks are threads. The
 // fake checks CUDA's and NCCL's rules as it goes and records what breaks them.
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct script {
   bool can_access_peer = true;  // cudaDeviceCanAccessPeer's answer for every pair
   int enable_peer_error = 0;    // what cudaDeviceEnablePeerAccess fails with (0: it succeeds)
   bool finalize_hangs = false;  // ncclCommFinalize never completes (the state stays ncclInProgress)
+  std::size_t max_pitch = 2147483647;  // cudaDevAttrMaxPitch; 2D copies and sets refuse a larger pitch
 };
 void reset(const script& s = {});
 

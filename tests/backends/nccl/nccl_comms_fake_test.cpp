@@ -382,6 +382,22 @@ TEMPLATE_TEST_CASE("nccl: reduce_scatter gives each rank the reduction of its ba
   }
 }
 
+TEST_CASE("nccl: reduce_scatter of a ragged leaf whose padded block exceeds CUDA's pitch limit copies row by row",
+          "[nccl][fake]") {
+  // cudaDevAttrMaxPitch is 2^31-1 bytes on today's GPUs: a flat gradient of 2^31 floats over 3
+  // ranks has blocks of ~2.9 GB. The fake's limit is lowered instead, below the test's blocks.
+  for (const int N : {2, 3, 4}) {
+    for (const bool in_place : {false, true}) {
+      fake_nccl::script plan;
+      plan.max_pitch = 8;
+      fake_nccl::reset(plan);
+      check_reduce_scatter<float>(N, ReduceOp::sum, in_place);
+      fake_nccl::reset(plan);
+      check_reduce_scatter<std::int64_t>(N, ReduceOp::mean, in_place);
+    }
+  }
+}
+
 TEST_CASE("nccl: reduce_scatter makes one ncclReduceScatter per non-empty leaf, all in one group", "[nccl][fake]") {
   fake_nccl::reset();
   check_reduce_scatter<float>(3, ReduceOp::sum, false);
