@@ -226,3 +226,28 @@ TEST_CASE("async: gradient buckets across workers give each leaf's all-reduce bi
     }
   }
 }
+
+TEST_CASE("async: a replica that throws with a collective in flight completes it while unwinding", "[mpi]") {
+  if (world_size() < 2) return;
+  for (int R = 1; R <= 3; ++R) {
+    Strategy& s = strategy_with(R);
+    CAPTURE(R);
+    std::vector<std::vector<float>> buffers(static_cast<std::size_t>(R), std::vector<float>(50000, 1.0f));
+    try {
+      s.run([&](auto& ctx) {
+        auto& mine = buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group() - world_rank() * R)];
+        auto p = ctx.all_reduce_async(ReduceOp::sum, std::span<float>(mine));
+        if (world_rank() == 0) throw std::runtime_error("thrown with a collective in flight");
+        p.wait();
+        ctx.all_reduce(ReduceOp::sum, 1);  // worker 0 never comes: replica_error here
+      });
+      FAIL("no error");
+    } catch (const mirror::replica_error& e) {
+      CHECK_THAT(std::string(e.what()), Catch::Contains("thrown with a collective in flight"));
+    }
+    // Every worker posted the all-reduce, so it completed, on worker 0 too, before its buffers
+    // could be freed: MPI wrote the sum into them.
+    for (const auto& b : buffers) REQUIRE(b[49999] == static_cast<float>(s.num_replicas_in_sync()));
+    check_goes_on(s);
+  }
+}
