@@ -139,9 +139,6 @@ class FlightRecorder {
     std::atomic<std::uint64_t> written{0};  // records written into the ring so far
   };
 
-  static std::uint64_t pack(detail::collective_kind kind, int param) noexcept {
-    return static_cast<std::uint64_t>(kind) << 32 | static_cast<std::uint32_t>(param);
-  }
   std::int64_t now() const noexcept {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - epoch_).count();
   }
@@ -155,7 +152,7 @@ class FlightRecorder {
   // Replica r starts collective p of its fn, passing `bytes`.
   void start(int r, const detail::collective_position& p, std::uint64_t bytes) noexcept {
     lane& l = lanes_[static_cast<std::size_t>(r)];
-    const std::uint64_t call = pack(p.kind, p.param);
+    const std::uint64_t call = detail::pack_call(p.kind, p.param);
     l.call.store(call, std::memory_order_relaxed);
     l.where.store(p.where, std::memory_order_relaxed);
     l.sequence.store(p.sequence, std::memory_order_relaxed);
@@ -280,8 +277,8 @@ MIRROR_DETAIL_INLINE void FlightRecorder::keep(std::size_t n) {
 MIRROR_DETAIL_INLINE detail::collective_position FlightRecorder::last(int r) const noexcept {
   const lane& l = lanes_[static_cast<std::size_t>(r)];
   const std::uint64_t call = l.call.load(std::memory_order_relaxed);
-  return {l.sequence.load(std::memory_order_relaxed), static_cast<detail::collective_kind>(call >> 32),
-          static_cast<int>(static_cast<std::uint32_t>(call)), l.where.load(std::memory_order_relaxed)};
+  return {l.sequence.load(std::memory_order_relaxed), detail::kind_of_call(call), detail::param_of_call(call),
+          l.where.load(std::memory_order_relaxed)};
 }
 
 MIRROR_DETAIL_INLINE std::vector<CollectiveRecord> FlightRecorder::records(int r) const {
@@ -296,9 +293,7 @@ MIRROR_DETAIL_INLINE std::vector<CollectiveRecord> FlightRecorder::records(int r
     c.state = static_cast<CollectiveRecord::State>(e.state.load(std::memory_order_acquire));
     c.run = e.run.load(std::memory_order_relaxed);
     c.sequence = e.sequence.load(std::memory_order_relaxed);
-    c.call = detail::to_string(static_cast<detail::collective_kind>(call >> 32),
-                               static_cast<int>(static_cast<std::uint32_t>(call)))
-                 .text;
+    c.call = detail::name_of_call(call).text;
     c.bytes = e.bytes.load(std::memory_order_relaxed);
     c.where = e.where.load(std::memory_order_relaxed);
     c.start = std::chrono::nanoseconds(e.start.load(std::memory_order_relaxed));
@@ -319,8 +314,7 @@ MIRROR_DETAIL_INLINE bool FlightRecorder::line(int r, std::size_t k, char* buf, 
   const double start = static_cast<double>(e.start.load(std::memory_order_relaxed)) * 1e-9;
   const double took = static_cast<double>(e.end.load(std::memory_order_relaxed) -
                                           e.start.load(std::memory_order_relaxed)) * 1e-3;
-  const detail::call_name name =
-      detail::to_string(static_cast<detail::collective_kind>(call >> 32), static_cast<int>(static_cast<std::uint32_t>(call)));
+  const detail::call_name name = detail::name_of_call(call);
   const int used = std::snprintf(
       buf, size, "  replica %d  run %llu  #%llu  %-22s %10llu B  at %s:%u  started at %.6f s, %s", first_id_ + r,
       static_cast<unsigned long long>(e.run.load(std::memory_order_relaxed)),

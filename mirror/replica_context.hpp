@@ -629,7 +629,7 @@ class ReplicaContext {
       e.begin = detail::trace_now();
       e.kind = detail::trace_kind::collective;
       e.sequence = sequence;
-      e.call = static_cast<std::uint64_t>(kind) << 32 | static_cast<std::uint32_t>(param);
+      e.call = detail::pack_call(kind, param);
       e.bytes = bytes;
       e.where = where;
     }

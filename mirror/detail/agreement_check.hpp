@@ -52,6 +52,18 @@ struct call_name {
 call_name to_string(collective_kind k, int param) noexcept;
 #endif
 
+/// A call (kind, and op or root) in one word, as the flight recorder, the timeline and the
+/// cross-worker agreement key keep it: kind in the high half, the parameter in the low.
+constexpr std::uint64_t pack_call(collective_kind k, int param) noexcept {
+  return static_cast<std::uint64_t>(k) << 32 | static_cast<std::uint32_t>(param);
+}
+/// pack_call's kind.
+constexpr collective_kind kind_of_call(std::uint64_t call) noexcept { return static_cast<collective_kind>(call >> 32); }
+/// pack_call's op or root.
+constexpr int param_of_call(std::uint64_t call) noexcept { return static_cast<int>(static_cast<std::uint32_t>(call)); }
+/// How messages name a packed call.
+inline call_name name_of_call(std::uint64_t call) noexcept { return to_string(kind_of_call(call), param_of_call(call)); }
+
 /// "FILE:LINE" of a call site, as the compiler gives `file_name()`; "an unknown call site" for a
 /// default-constructed location (a call that could not capture one).
 MIRROR_DETAIL_INLINE message site_text(const mirror::source_location& where);

@@ -32,7 +32,7 @@ inline std::int64_t trace_now() noexcept {
 /// What a span is. `name` says it for the phases; a collective's name is its call.
 enum class trace_kind : std::uint8_t {
   fn,          // a replica's fn, from its start to its return
-  collective,  // one collective of fn: sequence, call (kind << 32 | param), bytes, where
+  collective,  // one collective of fn: sequence, call (pack_call), bytes, where
   phase,       // a part of a collective (agreement check, waiting for peers, cross-worker step)
   job,         // a communication thread's work for one cross-worker call (MPI)
 };
@@ -325,8 +325,7 @@ MIRROR_DETAIL_INLINE void timeline::write_track(trace_track& t) noexcept {
     switch (e.kind) {
       case trace_kind::fn: write_event(t, "fn", "fn", e.begin, e.end, nullptr); break;
       case trace_kind::collective: {
-        const call_name name = to_string(static_cast<collective_kind>(e.call >> 32),
-                                         static_cast<int>(static_cast<std::uint32_t>(e.call)));
+        const call_name name = name_of_call(e.call);
         write_event(t, name.text, "collective", e.begin, e.end, &e);
         break;
       }

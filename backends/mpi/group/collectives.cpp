@@ -347,8 +347,7 @@ void group::impl::agree(job& j) {
     case job::counts: what_kind = 600, element = 0, flag = 4; break;
     default: what_kind = static_cast<std::uint64_t>(j.op) + (j.in_worker_order ? 100 : 0); break;
   }
-  const std::uint64_t call = static_cast<std::uint64_t>(j.position.kind) << 32 |
-                             static_cast<std::uint32_t>(j.position.param);
+  const std::uint64_t call = detail::pack_call(j.position.kind, j.position.param);
   std::int64_t key = agreement_key(j.count, element, what_kind);
   key = agreement_key(static_cast<std::uint64_t>(key), j.position.sequence, call);
   // And the run: the phase (odd inside a run, even between runs) tells a worker still in run n
@@ -440,8 +439,8 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
     std::string site(reinterpret_cast<const char*>(d + 7 + what_words), site_words * sizeof(std::int64_t));
     site.resize(std::strlen(site.c_str()));
     if (site.empty()) site = "an unknown call site";
-    const auto call_kind = static_cast<detail::collective_kind>(static_cast<std::uint64_t>(d[5]) >> 32);
-    const auto call_param = static_cast<int>(static_cast<std::uint32_t>(static_cast<std::uint64_t>(d[5])));
+    const auto call_kind = detail::kind_of_call(static_cast<std::uint64_t>(d[5]));
+    const auto call_param = detail::param_of_call(static_cast<std::uint64_t>(d[5]));
     if (d[4] == 0) {
       table += ", in " + what + " called outside fn at " + site;
     } else {

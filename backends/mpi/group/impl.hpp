@@ -502,7 +502,7 @@ struct group::impl {
   static std::uint64_t text_hash(const char* text) noexcept;
 
   // One worker's description of its collective, gathered only on a mismatch: count, element,
-  // what_kind, flag | leaves << 8, its position in fn (sequence; kind << 32 | param), its phase,
+  // what_kind, flag | leaves << 8, its position in fn (sequence; detail::pack_call), its phase,
   // then the API's name (what_words int64, NUL-padded, cut short if longer), then the user's
   // call site (site_words int64, "FILE:LINE", NUL-padded, its end kept if longer: the file's
   // name and the line).
