@@ -275,7 +275,8 @@ struct NcclAllReduce {
   static void require_own_device(backend::collective<Rt>& c, std::span<const P> leaves, const char* verb) {
     const int mine = c.runtime().device_of(c.self());
     for (std::size_t k = 0; k < leaves.size(); ++k) {
-      if (leaves[k].device == mine || leaves[k].device < 0) continue;
+      const int on = leaves[k].device;  // (named first: clang reads `x.device <` as a template's name)
+      if (on == mine || on < 0) continue;
       int replica = c.self();
       if constexpr (requires(const Rt& rt) { rt.first_replica(); }) replica += c.runtime().first_replica();
       throw std::invalid_argument(
@@ -284,7 +285,7 @@ struct NcclAllReduce {
                          "give each replica a buffer on its own GPU (allocate it inside fn, or use "
                          "mirror::cuda::device_buffer per replica), or use ops::ReductionToOneDevice or "
                          "ops::HierarchicalCopy, which copy between GPUs",
-                         verb, replica, k, leaves[k].device, mine)
+                         verb, replica, k, on, mine)
               .c_str());
     }
   }
