@@ -4,7 +4,8 @@
 // pass produces the tensors in reverse order, each after a fixed compute time.
 //
 //   mpirun -np 2 build/bench/overlap_bench [--replicas R] [--rounds N] [--factor F] [--caps MiB,...]
-//                                          [--no-validate]
+//                                          [--no-validate] [--quick]
+// --quick (the smoke test): every tensor 1/64 of its size, and the overhead part short.
 //   build/bench/overlap_bench --threads [--replicas R] ...        (devices::Threads, one process)
 //
 // "Compute" is a timed wait: it occupies no core, so that a 2-core machine measures the overlap
@@ -90,7 +91,8 @@ struct bench {
   std::vector<Grads> grads;
   std::vector<double> share;             // seconds of compute per tensor (backward order)
 
-  bench(S& strategy, int r, int rk) : s(strategy), replicas(r), rank(rk), sizes(resnet50()) {
+  bench(S& strategy, int r, int rk, std::size_t shrink) : s(strategy), replicas(r), rank(rk), sizes(resnet50()) {
+    for (std::size_t& n : sizes) n = std::max<std::size_t>(1, n / shrink);
     std::size_t total = 0;
     for (const std::size_t n : sizes) total += n;
     flat.assign(static_cast<std::size_t>(r), std::vector<float>(total, 1.0f));
@@ -161,8 +163,8 @@ struct bench {
 
 template <class S>
 int measure(S& s, int replicas, int rank, int rounds, double factor, const std::vector<double>& caps_mib,
-            const char* device) {
-  bench<S> b(s, replicas, rank);
+            const char* device, bool quick) {
+  bench<S> b(s, replicas, rank, quick ? 64 : 1);
   std::vector<double> comm0;
   for (int i = 0; i < 3; ++i) comm0.push_back(b.step(1, 0));
   double comm_time = median(comm0);
@@ -211,9 +213,9 @@ int measure(S& s, int replicas, int rank, int rounds, double factor, const std::
     }
   }
   // The non-blocking form with nothing to overlap, alternated with the blocking form.
-  for (const std::size_t bytes : {std::size_t{4}, std::size_t{64} << 20}) {
-    const std::size_t n = bytes / 4;
-    const long iters = bytes <= 4 ? 20000 : 5;
+  for (const std::size_t bytes : {std::size_t{4}, quick ? std::size_t{1} << 20 : std::size_t{64} << 20}) {
+    const std::size_t n = std::min(bytes / 4, b.total());
+    const long iters = bytes <= 4 ? (quick ? 500 : 20000) : 5;
     std::vector<double> ratio, blocking;
     for (int r = 0; r < rounds; ++r) {
       const double a = b.calls(false, n, iters), c = b.calls(true, n, iters);
@@ -239,7 +241,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int replicas = 1, rounds = 5;
   double factor = 1.5;
-  bool threads = false, validate = true;
+  bool threads = false, validate = true, quick = false;
   std::vector<double> caps{1, 4, 16, 25, 64};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--replicas") && i + 1 < argc) {
@@ -248,6 +250,8 @@ int main(int argc, char** argv) {
       rounds = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--factor") && i + 1 < argc) {
       factor = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
     } else if (!std::strcmp(argv[i], "--no-validate")) {
       validate = false;  // Cluster{.validate_shapes = false}: no cross-worker agreement checks
     } else if (!std::strcmp(argv[i], "--threads")) {
@@ -267,13 +271,13 @@ int main(int argc, char** argv) {
   if (threads) {
     mirror::Strategy<mirror::devices::Threads> s(mirror::devices::Threads{.replicas = replicas});
     const std::string device = "devices::Threads, " + std::to_string(replicas) + " replicas";
-    rc = measure(s, replicas, rank, rounds, factor, caps, device.c_str());
+    rc = measure(s, replicas, rank, rounds, factor, caps, device.c_str(), quick);
   } else {
     using Cluster = mirror::devices::Cluster<mirror::devices::Threads>;
     mirror::Strategy<Cluster> s(Cluster{.local = {.replicas = replicas}, .validate_shapes = validate});
     const std::string device = "devices::Cluster<Threads>, " + std::to_string(size) + " workers x " +
                                std::to_string(replicas) + " replicas";
-    rc = measure(s, replicas, rank, rounds, factor, caps, device.c_str());
+    rc = measure(s, replicas, rank, rounds, factor, caps, device.c_str(), quick);
   }
   MPI_Finalize();
   return rc;

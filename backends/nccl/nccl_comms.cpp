@@ -329,12 +329,13 @@ void destroy(comms* c) noexcept {
     }
     std::lock_guard lock(c->comm_mutex[i]);
     if (c->comm[i] != nullptr) {
-      // Non-blocking: finalize may report ncclInProgress; it gets about 5 s to complete. NCCL
+      // Non-blocking: finalize may report ncclInProgress; it gets 5 s to complete. NCCL
       // frees only a communicator whose finalize has completed: one still in progress (a peer
       // that never finalizes, a lost link) is aborted instead, which frees it in any state.
       (void)ncclCommFinalize(c->comm[i]);
       ncclResult_t state = ncclInProgress;
-      for (int polls = 0; polls < 100000 && state == ncclInProgress; ++polls) {
+      const auto finalize_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (state == ncclInProgress && std::chrono::steady_clock::now() < finalize_by) {
         if (ncclCommGetAsyncError(c->comm[i], &state) != ncclSuccess) break;
         if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
