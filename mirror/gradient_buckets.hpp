@@ -28,15 +28,37 @@
 namespace mirror {
 
 namespace detail {
+/// The first leaf type among Ls that lives in GPU memory and holds E; void if none.
+template <class E, class... Ls>
+struct device_leaf_of {
+  using type = void;  ///< none
+};
+template <class E, class L, class... Ls>
+struct device_leaf_of<E, L, Ls...> {
+  /// L, or the first such leaf after it
+  using type = std::conditional_t<device_resident_leaf<L> && std::is_same_v<leaf_element_t<L>, E>, L,
+                                  typename device_leaf_of<E, Ls...>::type>;
+};
+/// What a bucket of element type E of nest T is reduced as: a `std::span<E>` of host memory, or,
+/// where T's leaves of E are in GPU memory, that leaf type made over the bucket's elements as
+/// `L{data, count}` (`mirror::cuda::device_span`).
+template <class T, class E, class Ls = leaf_types_t<T>>
+struct bucket_leaf;
+template <class T, class E, class... Ls>
+struct bucket_leaf<T, E, type_list<Ls...>> {
+  using device = typename device_leaf_of<E, Ls...>::type;              ///< void for host memory
+  using type = std::conditional_t<std::is_void_v<device>, std::span<E>, device>;  ///< the bucket's leaf
+};
+
 template <class T, class Types = element_types_t<T>>
 struct bucket_storage;
 template <class T, class... Es>
 struct bucket_storage<T, type_list<Es...>> {
   /// Per element type: the handle of each bucket of that type (indexed by bucket).
-  using pending = std::tuple<std::vector<std::optional<Pending<Synced<std::span<Es>>>>>...>;
+  using pending = std::tuple<std::vector<std::optional<Pending<Synced<typename bucket_leaf<T, Es>::type>>>>...>;
   /// Per element type: how a bucket's all-reduce is started on the replica's context.
-  using starters = std::tuple<Pending<Synced<std::span<Es>>> (*)(void*, ReduceOp, std::span<Es>,
-                                                                  const mirror::source_location&)...>;
+  using starters = std::tuple<Pending<Synced<typename bucket_leaf<T, Es>::type>> (*)(
+      void*, ReduceOp, Es*, std::size_t, const mirror::source_location&)...>;
   /// Per element type: the packed buffers of the buckets of several leaves.
   using staging = std::tuple<std::vector<Es>...>;
 };
@@ -57,7 +79,11 @@ struct bucket_storage<T, type_list<Es...>> {
 /// **Requires**: the same leaf sizes on every replica (else the first bucket that differs is a
 /// `mirror::shape_error` on every replica); `grads`' buffers are not touched between `ready(i)`
 /// and `finish()` (a leaf belongs to its bucket's collective), nor resized while the object
-/// lives. Host leaves only (a leaf in GPU memory is a compile error).
+/// lives. **GPU leaves** (`mirror::cuda::device_span`, on `devices::Cuda`): never packed (that
+/// would need device copies the buckets exist to avoid), so a bucket holds a run of leaves that
+/// lie one after another in GPU memory, and is cut early where the next leaf does not (cut one
+/// flat gradient buffer into layers and every bucket is one in-place span); a nest mixing host and
+/// GPU leaves is a compile error.
 /// **Errors**: `ready` of a leaf out of range or made ready twice, or `finish` twice:
 /// `mirror::error`; the collectives' errors from `ready` or `finish`, on every replica (after one,
 /// `grads` holds some buckets' results and others' inputs). A `ready` call also copies back the
@@ -114,6 +140,12 @@ class GradientBuckets {
   std::size_t bucket_of(std::size_t i) const { return leaves_.at(i).bucket; }
 
  private:
+  static constexpr bool on_device() { return detail::has_device_leaf<T>(); }
+  static constexpr bool all_on_device() {
+    return []<class... Ls>(detail::type_list<Ls...>) {
+      return (true && ... && device_resident_leaf<Ls>);
+    }(detail::leaf_types_t<T>{});
+  }
   static constexpr bool all_views() {
     return []<class... Ls>(detail::type_list<Ls...>) {
       return (true && ... && leaf_traits<Ls>::is_view);
@@ -199,9 +231,9 @@ class GradientBuckets {
   template <class Context>
   GradientBuckets(Context& ctx, ReduceOp op, T& grads, std::size_t bucket_bytes, const mirror::source_location& where)
       : context_(&ctx), op_(op), where_(where), grads_(&grads) {
-    static_assert(!detail::has_device_leaf<T>(),
-                  "mirror::ReplicaContext::gradient_buckets(op, grads, bytes): grads has a leaf in GPU memory; the "
-                  "buckets pack host buffers (pass host std::span or std::vector leaves)");
+    static_assert(!on_device() || all_on_device(),
+                  "mirror::ReplicaContext::gradient_buckets(op, grads, bytes): grads mixes leaves in GPU memory with "
+                  "host leaves; pass a nest of one kind (GPU buckets are never packed, host ones may be)");
     detail::for_each_leaf(
         [&](auto& l) {
           using L = std::remove_cvref_t<decltype(l)>;
@@ -211,8 +243,9 @@ class GradientBuckets {
         },
         grads);
     [&]<class... Es>(detail::type_list<Es...>) {
-      starters_ = {+[](void* c, ReduceOp o, std::span<Es> s, const mirror::source_location& w) {
-        return static_cast<Context*>(c)->all_reduce_async(o, s, w);
+      starters_ = {+[](void* c, ReduceOp o, Es* data, std::size_t n, const mirror::source_location& w) {
+        using L = typename detail::bucket_leaf<T, Es>::type;
+        return static_cast<Context*>(c)->all_reduce_async(o, L{data, n}, w);
       }...};
     }(detail::element_types_t<T>{});
     plan(bucket_bytes);
@@ -237,15 +270,13 @@ class GradientBuckets {
         b.elements += leaves_[k].count;
         leaves_[k].bucket = buckets_.size();
         ++b.remaining;
-      } while (k > 0 && bytes < bucket_bytes && leaves_[k - 1].type == b.type);
+      } while (k > 0 && bytes < bucket_bytes && leaves_[k - 1].type == b.type &&
+               (!on_device() || adjacent(k - 1, k)));
       b.first = k;
       // Leaves that lie one after another in memory (a flat gradient buffer cut into layers, as
       // DDP's bucket views are) are reduced in place as one span: nothing to pack.
       b.packed = false;
-      for (std::size_t j = b.first; j < b.last && !b.packed; ++j) {
-        b.packed = static_cast<const char*>(leaves_[j].data) + leaves_[j].count * element_bytes(b.type) !=
-                   static_cast<const char*>(leaves_[j + 1].data);
-      }
+      for (std::size_t j = b.first; j < b.last && !b.packed; ++j) b.packed = !adjacent(j, j + 1);
       if (b.packed) {
         b.offset = staged[b.type];
         staged[b.type] += b.elements;
@@ -253,6 +284,12 @@ class GradientBuckets {
       buckets_.push_back(b);
     }
     staged_ = std::move(staged);
+  }
+
+  // Leaf j's elements end where leaf j + 1's begin (same element type).
+  bool adjacent(std::size_t j, std::size_t next) const noexcept {
+    return static_cast<const char*>(leaves_[j].data) + leaves_[j].count * element_bytes(leaves_[j].type) ==
+           static_cast<const char*>(leaves_[next].data);
   }
 
   static std::size_t element_bytes(unsigned type) {
@@ -264,7 +301,7 @@ class GradientBuckets {
   void start(std::size_t b) {
     const bucket& B = buckets_[b];
     with_type(B.type, [&]<class E>() {
-      std::span<E> s;
+      E* data = static_cast<E*>(leaves_[B.first].data);  // one leaf, or adjacent ones
       if (B.packed) {
         E* const out = std::get<index_of<E>()>(*staging_).data() + B.offset;
         std::size_t at = 0;
@@ -272,11 +309,10 @@ class GradientBuckets {
           if (leaves_[k].count != 0) std::memcpy(out + at, leaves_[k].data, leaves_[k].count * sizeof(E));
           at += leaves_[k].count;
         }
-        s = std::span<E>(out, B.elements);
-      } else {
-        s = std::span<E>(static_cast<E*>(leaves_[B.first].data), B.elements);  // one leaf, or adjacent ones
+        data = out;
       }
-      std::get<index_of<E>()>(pending_)[b].emplace(std::get<index_of<E>()>(starters_)(context_, op_, s, where_));
+      std::get<index_of<E>()>(pending_)[b].emplace(
+          std::get<index_of<E>()>(starters_)(context_, op_, data, B.elements, where_));
     });
   }
 

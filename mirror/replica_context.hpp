@@ -374,9 +374,12 @@ class ReplicaContext {
   ///
   /// **Progress**: on `devices::Cluster` (`ops::Hierarchical`), `all_reduce_async` does the
   /// local phase at the start and leaves the cross-worker step to the worker's communication
-  /// thread while `fn` goes on. Everywhere else, and for the other three forms, the collective
-  /// completes inside the start call (the replicas' own threads are the ones that reduce) and
-  /// `wait()` only hands over the result.
+  /// thread while `fn` goes on. On `devices::Cuda` with `ops::NcclAllReduce`, it enqueues NCCL's
+  /// work on the replica's communication stream and `wait()` makes the replica's stream wait for
+  /// it (no host wait, as every collective there completes in stream order), so kernels enqueued
+  /// in between run beside NCCL. Everywhere else, and for the other three forms, the collective
+  /// completes inside the start call (the replicas' own threads, or their streams, do the
+  /// reduction) and `wait()` only hands over the result.
   ///@{
 
   /// `all_reduce`, started. **Example**:
@@ -520,7 +523,11 @@ class ReplicaContext {
       return std::apply([](const auto&... p) { return (true && ... && p.done()); }, parts);
     }
     N nest;
-    std::tuple<typename collectives_type::template started_all_reduce<Es>...> parts;
+    // Per element type, the collectives layer's started part (for that type's leaves of N).
+    template <class E>
+    using part = typename collectives_type::template started_all_reduce<
+        E, std::tuple_size_v<decltype(detail::leaves_of<E>(std::declval<N&>()))>>::type;
+    std::tuple<part<Es>...> parts;
 
    protected:
     void complete() override {
@@ -544,7 +551,7 @@ class ReplicaContext {
     header.in_place = !detail::all_leaves_own<N>();
     const detail::collective_header* pending = &header;
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
-      std::get<typename collectives_type::template started_all_reduce<E>>(started->parts) =
+      std::get<typename all_reduce_in_flight<N>::template part<E>>(started->parts) =
           collectives_.template all_reduce_start<E>(self_, op, detail::leaves_of<E>(result), pending);
       pending = nullptr;
     });

@@ -72,6 +72,14 @@ struct buffer {
 struct replica_state {
   int device = 0;
   cudaStream_t stream = nullptr;
+  // The communication stream: NCCL's collectives and their packing copies run here, ordered with
+  // `stream` by events (fork_to_comm, mark_comm, join_comm), so the replica's kernels enqueued
+  // after a started collective run beside it. Non-blocking: the legacy default stream, where
+  // Thrust copies, does not serialise with it.
+  cudaStream_t comm = nullptr;
+  cudaEvent_t fork = nullptr;             // recorded on `stream` each time `comm` must catch up
+  std::vector<cudaEvent_t> free_marks;  // recorded on `comm` by mark_comm, back here after join_comm
+  buffer comm_scratch;                  // used by `comm` only: packs and padded reduce-scatters
   cudaEvent_t events[2] = {nullptr, nullptr};  // by parity of the barrier: see before_arrival
   std::size_t calls = 0;                        // exchanges + barriers in this parallel call
   buffer scratch;                               // the ops policy's accumulator
@@ -104,14 +112,19 @@ struct state {
     for (auto& rep : replicas) {
       if (cudaSetDevice(rep.device) != cudaSuccess) continue;
       if (rep.stream != nullptr) (void)cudaStreamSynchronize(rep.stream);
+      if (rep.comm != nullptr) (void)cudaStreamSynchronize(rep.comm);
       (void)cudaFree(rep.scratch.ptr);
+      (void)cudaFree(rep.comm_scratch.ptr);
       (void)cudaFree(rep.combine_stage.ptr);
       for (auto& b : rep.staging) (void)cudaFree(b.ptr);
       for (auto& b : rep.arguments) (void)cudaFree(b.ptr);
       for (auto& e : rep.events) {
         if (e != nullptr) (void)cudaEventDestroy(e);
       }
+      for (auto& e : rep.free_marks) (void)cudaEventDestroy(e);
+      if (rep.fork != nullptr) (void)cudaEventDestroy(rep.fork);
       if (rep.stream != nullptr) (void)cudaStreamDestroy(rep.stream);
+      if (rep.comm != nullptr) (void)cudaStreamDestroy(rep.comm);
     }
     restore_device(previous);
     (void)cudaGetLastError();
@@ -122,14 +135,14 @@ void destroy(state* s) noexcept { delete s; }
 
 namespace {
 
-// Makes b hold at least `bytes` on `device`. The old buffer is freed only after `wait_for`
-// streams are idle (other replicas may still read or write it).
-void grow(buffer& b, std::size_t bytes, int device, state& s, int only_replica) {
+// Makes b hold at least `bytes` on `device`. The old buffer is freed only once the streams that
+// may still read or write it are idle: `user` alone, or (null) every replica's stream.
+void grow(buffer& b, std::size_t bytes, int device, state& s, cudaStream_t user) {
   if (bytes <= b.bytes && b.ptr != nullptr) return;
   const device_guard on(device);
   if (b.ptr != nullptr) {
-    if (only_replica >= 0) {
-      check(cudaStreamSynchronize(s.at(only_replica).stream), "cudaStreamSynchronize before growing a buffer");
+    if (user != nullptr) {
+      check(cudaStreamSynchronize(user), "cudaStreamSynchronize before growing a buffer");
     } else {
       for (auto& rep : s.replicas) check(cudaStreamSynchronize(rep.stream), "cudaStreamSynchronize before growing a buffer");
     }
@@ -195,6 +208,8 @@ state* create_state(std::span<const int> gpus, int replicas_per_gpu) {
     // A blocking stream (not cudaStreamNonBlocking): it orders with the legacy default stream,
     // where Thrust's device_vector copies run, so they see the replica's earlier kernels.
     check(cudaStreamCreate(&rep.stream), "cudaStreamCreate");
+    check(cudaStreamCreateWithFlags(&rep.comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check(cudaEventCreateWithFlags(&rep.fork, cudaEventDisableTiming), "cudaEventCreate");
     for (auto& ev : rep.events) check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
   }
   // Peer access where the hardware allows it: kernels then read and write other GPUs' memory
@@ -223,6 +238,7 @@ int device_of(const state& s, int r) noexcept { return s.replicas[static_cast<st
 int replicas_per_gpu(const state& s) noexcept { return s.per_gpu; }
 std::span<const int> gpus(const state& s) noexcept { return s.gpus; }
 void* stream_of(const state& s, int r) noexcept { return s.replicas[static_cast<std::size_t>(r)].stream; }
+void* comm_stream_of(const state& s, int r) noexcept { return s.replicas[static_cast<std::size_t>(r)].comm; }
 
 int current_device() noexcept {
   int d = -1;
@@ -302,7 +318,7 @@ located attach(state& s, int self, void* host, std::size_t bytes) {
   }
   if (me.next_staging == me.staging.size()) me.staging.emplace_back();
   buffer& b = me.staging[me.next_staging++];
-  grow(b, bytes, me.device, s, self);
+  grow(b, bytes, me.device, s, me.stream);
   ++me.attached;
   check(cudaMemcpyAsync(b.ptr, host, bytes, cudaMemcpyHostToDevice, me.stream), "cudaMemcpyAsync to the device");
   return {b.ptr, me.device};
@@ -338,7 +354,7 @@ located stage_argument(state& s, int self, std::size_t slot, const void* host, s
     return {const_cast<void*>(host), attributes.device};
   }
   buffer& b = me.arguments[slot];
-  grow(b, bytes, me.device, s, self);  // only this replica's stream reads it
+  grow(b, bytes, me.device, s, me.stream);  // only this replica's stream reads it
   if (on_device) {
     // Another GPU's memory this one cannot address: copied over, like a host array.
     check(cudaMemcpyPeerAsync(b.ptr, me.device, host, attributes.device, bytes, me.stream),
@@ -356,18 +372,58 @@ located stage_argument(state& s, int self, std::size_t slot, const void* host, s
 
 located scratch(state& s, int self, std::size_t bytes) {
   replica_state& me = s.at(self);
-  grow(me.scratch, bytes, me.device, s, -1);  // other replicas use it: all streams must be idle
+  grow(me.scratch, bytes, me.device, s, nullptr);  // other replicas use it: all streams must be idle
   return {me.scratch.ptr, me.device};
 }
 
-void copy(state& s, int self, located dst, located src, std::size_t bytes) {
+void copy(state& s, int self, located dst, located src, std::size_t bytes, bool on_comm) {
   replica_state& me = s.at(self);
   const device_guard on(me.device);
+  cudaStream_t const lane = on_comm ? me.comm : me.stream;
   if (dst.device == src.device) {
-    check(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice, me.stream), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice, lane), "cudaMemcpyAsync");
   } else {
-    check(cudaMemcpyPeerAsync(dst.ptr, dst.device, src.ptr, src.device, bytes, me.stream), "cudaMemcpyPeerAsync");
+    check(cudaMemcpyPeerAsync(dst.ptr, dst.device, src.ptr, src.device, bytes, lane), "cudaMemcpyPeerAsync");
   }
+}
+
+located comm_scratch(state& s, int self, std::size_t bytes) {
+  replica_state& me = s.at(self);
+  grow(me.comm_scratch, bytes, me.device, s, me.comm);
+  return {me.comm_scratch.ptr, me.device};
+}
+
+void fork_to_comm(state& s, int self) {
+  replica_state& me = s.at(self);
+  const device_guard on(me.device);
+  check(cudaEventRecord(me.fork, me.stream), "cudaEventRecord on the replica's stream");
+  check(cudaStreamWaitEvent(me.comm, me.fork, 0), "cudaStreamWaitEvent of the communication stream");
+}
+
+void* mark_comm(state& s, int self) {
+  replica_state& me = s.at(self);
+  const device_guard on(me.device);
+  cudaEvent_t e = nullptr;
+  if (me.free_marks.empty()) {
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  } else {
+    e = me.free_marks.back();
+    me.free_marks.pop_back();
+  }
+  const cudaError_t r = cudaEventRecord(e, me.comm);
+  if (r != cudaSuccess) {
+    me.free_marks.push_back(e);
+    fail(r, "cudaEventRecord on the communication stream");
+  }
+  return e;
+}
+
+void join_comm(state& s, int self, void* mark) {
+  replica_state& me = s.at(self);
+  const auto e = static_cast<cudaEvent_t>(mark);
+  me.free_marks.push_back(e);  // (a later record replaces what the wait below has already taken)
+  const device_guard on(me.device);
+  check(cudaStreamWaitEvent(me.stream, e, 0), "cudaStreamWaitEvent of the replica's stream");
 }
 
 void combine(state& s, int self, ReduceOp op, detail::element_kind type, located dst, located src, std::size_t n,
@@ -382,7 +438,7 @@ void combine(state& s, int self, ReduceOp op, detail::element_kind type, located
   }
   // No peer access: bring both operands to this replica's device, combine, send the result back.
   const std::size_t bytes = n * element_bytes;
-  grow(me.combine_stage, 2 * bytes, me.device, s, self);
+  grow(me.combine_stage, 2 * bytes, me.device, s, me.stream);
   const located a{me.combine_stage.ptr, me.device};
   const located b{static_cast<char*>(me.combine_stage.ptr) + bytes, me.device};
   copy(s, self, a, dst, bytes);
@@ -403,7 +459,7 @@ void divide(state& s, int self, detail::element_kind type, located p, std::size_
     return;
   }
   const std::size_t bytes = n * element_bytes;
-  grow(me.combine_stage, bytes, me.device, s, self);
+  grow(me.combine_stage, bytes, me.device, s, me.stream);
   const located a{me.combine_stage.ptr, me.device};
   copy(s, self, a, p, bytes);
   const int e = launch_divide(me.stream, type, a.ptr, n, count);
@@ -428,6 +484,7 @@ bool fold_into_all(state& s, int self, ReduceOp op, detail::element_kind type, c
 
 void synchronize(state& s, int r) {
   const device_guard on(s.at(r).device);
+  check(cudaStreamSynchronize(s.at(r).comm), "cudaStreamSynchronize of the communication stream");
   check(cudaStreamSynchronize(s.at(r).stream), "cudaStreamSynchronize");
 }
 

@@ -4,7 +4,9 @@
 //
 // Control plane: the threads backend's pool, one host thread per replica, with that replica's
 // device current while fn runs. Memory plane: device memory through cudaMalloc, one stream per
-// replica; copies, combines and divides are enqueued on the calling replica's stream.
+// replica; copies, combines and divides are enqueued on the calling replica's stream. Each
+// replica also has a communication stream for NCCL (fork_to_comm, mark_comm, join_comm below),
+// so that a started collective runs beside the kernels fn enqueues after it.
 // Ordering across streams rides on the control plane: at every exchange and barrier each
 // replica records an event on its stream before it arrives and, once all have arrived, makes
 // its stream wait for every other replica's event. So work enqueued before a barrier on any
@@ -62,6 +64,7 @@ int device_of(const state&, int replica) noexcept;
 int replicas_per_gpu(const state&) noexcept;
 std::span<const int> gpus(const state&) noexcept;
 void* stream_of(const state&, int replica) noexcept;  // a cudaStream_t
+void* comm_stream_of(const state&, int replica) noexcept;  // a cudaStream_t
 bool bind(state&, int replica) noexcept;               // make replica's device current; false on failure
 void unbind() noexcept;                                // current_stream() is null again
 int current_device() noexcept;                         // the thread's current device; -1 if unknown
@@ -74,7 +77,11 @@ located attach(state&, int self, void* host, std::size_t bytes);
 void detach(state&, int self, located dev, void* host, std::size_t bytes, bool copy_back);
 located scratch(state&, int self, std::size_t bytes);
 located stage_argument(state&, int self, std::size_t slot, const void* host, std::size_t bytes);
-void copy(state&, int self, located dst, located src, std::size_t bytes);
+void copy(state&, int self, located dst, located src, std::size_t bytes, bool on_comm = false);
+located comm_scratch(state&, int self, std::size_t bytes);
+void fork_to_comm(state&, int self);
+void* mark_comm(state&, int self);  // a cudaEvent_t recorded on the communication stream
+void join_comm(state&, int self, void* mark);
 void combine(state&, int self, ReduceOp op, detail::element_kind type, located dst, located src, std::size_t n,
              std::size_t element_bytes);
 void divide(state&, int self, detail::element_kind type, located p, std::size_t n, std::size_t count,
@@ -245,13 +252,45 @@ class runtime {
   int device_of(int replica) const noexcept { return impl::device_of(*state_, replica); }
   /// Replica r's stream, as a `cudaStream_t` cast to `void*`.
   void* stream_of(int replica) const noexcept { return impl::stream_of(*state_, replica); }
+
+  /// \name The communication stream (docs/cuda.md\#the-communication-stream)
+  /// Each replica has a second stream on its GPU where NCCL's work goes, so that kernels `fn`
+  /// enqueues after starting a collective run beside it. The two are ordered by events only:
+  /// `fork_to_comm` before the collective's first piece of work, `mark_comm` after its last,
+  /// `join_comm` where the replica's stream must see the result.
+  ///@{
+  /// Replica r's communication stream, as a `cudaStream_t` cast to `void*`.
+  void* comm_stream_of(int replica) const noexcept { return impl::comm_stream_of(*state_, replica); }
+  /// Makes `self`'s communication stream wait for everything enqueued so far on its stream.
+  void fork_to_comm(int self) { impl::fork_to_comm(*state_, self); }
+  /// An event recorded on `self`'s communication stream after everything enqueued there so far;
+  /// `join_comm` takes it back. Never blocks the host.
+  void* mark_comm(int self) { return impl::mark_comm(*state_, self); }
+  /// Makes `self`'s stream wait for `mark` (from `mark_comm`), whose event is then reused.
+  void join_comm(int self, void* mark) { impl::join_comm(*state_, self, mark); }
+  /// `self`'s scratch space for `n` elements, used on its communication stream only (growing it
+  /// waits for that stream alone).
+  template <class E>
+  pointer<E> comm_scratch(int self, std::size_t n) {
+    const auto l = impl::comm_scratch(*state_, self, n * sizeof(E));
+    return {static_cast<E*>(l.ptr), l.device};
+  }
+  /// `copy`, enqueued on `self`'s communication stream.
+  template <class E, class S>
+    requires std::same_as<const E, const S>
+  void comm_copy(int self, pointer<E> dst, pointer<S> src, std::size_t n) {
+    if (n == 0 || (static_cast<const E*>(dst.ptr) == src.ptr && dst.device == src.device)) return;
+    impl::copy(*state_, self, impl::located{dst.ptr, dst.device}, impl::located{const_cast<E*>(src.ptr), src.device},
+               n * sizeof(E), true);
+  }
+  ///@}
   /// Logical devices per GPU (`devices::Cuda::replicas_per_gpu`).
   int replicas_per_gpu() const noexcept { return impl::replicas_per_gpu(*state_); }
   /// The GPU ordinals in use, one per physical device, in replica order.
   std::span<const int> gpus() const noexcept { return impl::gpus(*state_); }
   /// The collective timeout of the device policy.
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
-  /// Blocks until replica r's stream has finished its work.
+  /// Blocks until replica r's streams (its own and its communication stream) have finished their work.
   void synchronize(int replica) { impl::synchronize(*state_, replica); }
 
   /// State a cross-device ops policy keeps for the lifetime of this runtime (NCCL keeps its

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <mirror/backends/cuda/comm_work.hpp>
 #include <mirror/backends/cuda/cuda_device.hpp>
 #include <mirror/backends/nccl/nccl_comms.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
@@ -52,7 +53,9 @@ namespace mirror::ops {
 /// type and op (`Cluster{.validate_shapes}`): a mismatch is a `shape_error`, a worker that does
 /// not come a `timeout_error` naming it, before any NCCL call could wait for it on the GPU.
 /// **Communication**: NCCL's ring or tree, about 2·(N-1)/N·S bytes per replica. A call returns
-/// once the all-reduce is enqueued on the replica's stream (docs/cuda.md\#the-device); a watchdog
+/// once the all-reduce is enqueued on the replica's communication stream, its stream waiting for
+/// it (docs/cuda.md\#the-communication-stream: `all_reduce_start` leaves the wait for later, so
+/// that kernels run beside NCCL); a watchdog
 /// checks each one's completion at the replica's next NCCL call (waiting only when 16 are
 /// unfinished) and aborts the communicators if one is not done within the device's `timeout`.
 struct NcclAllReduce {
@@ -121,17 +124,31 @@ struct NcclAllReduce {
   }
 
   /// The `cross_device_ops` interface (mirror/concepts/cross_device_ops.hpp), called by every
-  /// replica: one `ncclAllReduce` per pack, in one NCCL group, enqueued on the replica's stream.
+  /// replica: one `ncclAllReduce` per pack, in one NCCL group, enqueued on the replica's
+  /// communication stream, which the replica's stream then waits for (`all_reduce_start`, then
+  /// `finish`).
   template <class Rt, class E>
     requires std::derived_from<Rt, cuda::runtime>
   void all_reduce(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& s) const {
+    all_reduce_start(c, op, s).finish();
+  }
+
+  /// `all_reduce`, started (ReplicaContext::all_reduce_async): the packs are copied, reduced and
+  /// copied back on the replica's communication stream, after the work already on its stream
+  /// (docs/cuda.md\#the-communication-stream); the returned part's `finish()` makes the replica's
+  /// stream wait for them. Kernels enqueued in between run beside NCCL. The packed buffer is the
+  /// replica's communication scratch: collectives on that stream run one after another, so
+  /// several started ones share it.
+  template <class Rt, class E>
+    requires std::derived_from<Rt, cuda::runtime>
+  cuda::comm_work all_reduce_start(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& s) const {
     using pointer = typename Rt::template pointer<E>;
     Rt& rt = c.runtime();
     const int self = c.self();
     const std::size_t k_leaves = s.leaves.size();
     require_own_device(c, s.leaves, "all_reduce");
     const bool concat = num_packs > 0 && k_leaves > 1;
-    const pointer packed = concat ? rt.template scratch<E>(self, s.total) : pointer{};
+    const pointer packed = concat ? rt.template comm_scratch<E>(self, s.total) : pointer{};
     detail::worker_group* const workers = workers_of(rt);
     // Across workers, first: same count, type and op on every worker (one small MPI all-reduce
     // on the communication thread; the other local replicas wait in the exchange below).
@@ -149,6 +166,7 @@ struct NcclAllReduce {
     nccl::impl::comms& comms = comms_of(rt, workers);
     std::vector<void*> buffers;
     std::vector<std::size_t> counts;
+    rt.fork_to_comm(self);
     if (num_packs == 0) {
       for (std::size_t k = 0; k < k_leaves; ++k) {
         buffers.push_back(s.leaves[k].ptr);
@@ -160,7 +178,7 @@ struct NcclAllReduce {
       if (concat) {
         std::size_t at = 0;
         for (std::size_t k = 0; k < k_leaves; ++k) {
-          rt.copy(self, packed + at, s.leaves[k], s.sizes[k]);
+          rt.comm_copy(self, packed + at, s.leaves[k], s.sizes[k]);
           at += s.sizes[k];
         }
       }
@@ -171,20 +189,22 @@ struct NcclAllReduce {
         counts.push_back(b - a);
       }
     }
-    nccl::impl::all_reduce(comms, self, rt.stream_of(self), op, cuda::kernel_kind_of<E>(), buffers, counts,
+    nccl::impl::all_reduce(comms, self, rt.comm_stream_of(self), op, cuda::kernel_kind_of<E>(), buffers, counts,
                            rt.timeout());
     if (concat) {
       std::size_t at = 0;
       for (std::size_t k = 0; k < k_leaves; ++k) {
-        rt.copy(self, s.leaves[k], packed + at, s.sizes[k]);
+        rt.comm_copy(self, s.leaves[k], packed + at, s.sizes[k]);
         at += s.sizes[k];
       }
     }
+    return cuda::comm_work(rt, self, rt.mark_comm(self));
   }
 
   /// The `reduce_scatter` of the ops-policy interface (mirror/concepts/cross_device_ops.hpp),
   /// called by every replica for the leaves of one element type: one `ncclReduceScatter` per
-  /// non-empty leaf, in one NCCL group on the replica's stream, returning once enqueued and watched
+  /// non-empty leaf, in one NCCL group on the replica's communication stream (its stream waits for
+  /// it), returning once enqueued and watched
   /// as `all_reduce` is. Cut g of a leaf of n elements is `backend::cut_of(n, N, g)` (the
   /// first n mod N replicas one element more), which NCCL's equal blocks match only when N divides
   /// n: such a leaf is reduce-scattered from itself (in place when `out` is its own cut), any other
@@ -212,9 +232,8 @@ struct NcclAllReduce {
     require_own_device(c, in.leaves, "reduce_scatter");
     require_own_device(c, out.leaves, "reduce_scatter");
     nccl::impl::comms& comms = comms_of(rt, workers);
-    // (Before the exchange: growing the scratch synchronises the replicas' streams.)
     const std::size_t padded = nccl::impl::reduce_scatter_scratch(comms, in.sizes);
-    E* const scratch = padded > 0 ? rt.template scratch<E>(self, padded).ptr : nullptr;
+    E* const scratch = padded > 0 ? rt.template comm_scratch<E>(self, padded).ptr : nullptr;
     if (workers != nullptr && self == 0 && workers->num_workers() > 1) {
       c.for_all_replicas([&] {
         workers->check_all_reduce(in.total, cuda::kernel_kind_of<E>(), op,
@@ -228,15 +247,18 @@ struct NcclAllReduce {
       sources.push_back(in.leaves[k].ptr);
       targets.push_back(out.leaves[k].ptr);
     }
-    nccl::impl::reduce_scatter(comms, self, rt.stream_of(self), op, cuda::kernel_kind_of<E>(), sources, targets,
+    rt.fork_to_comm(self);
+    nccl::impl::reduce_scatter(comms, self, rt.comm_stream_of(self), op, cuda::kernel_kind_of<E>(), sources, targets,
                                in.sizes, scratch, rt.timeout());
+    rt.join_comm(self, rt.mark_comm(self));
   }
 
   /// The `all_gather` of the ops-policy interface (mirror/concepts/cross_device_ops.hpp), called by
   /// every replica for the leaves of one element type: for a leaf whose count is the same on every
   /// replica one `ncclAllGather`, otherwise one `ncclBroadcast` per replica with a non-empty piece,
   /// rooted there and received at its offset (NCCL's recipe for an all-gather of unequal counts),
-  /// all in one NCCL group on the replica's stream, returning once enqueued and watched as
+  /// all in one NCCL group on the replica's communication stream (its stream waits for it: every
+  /// NCCL call of a communicator goes on one stream, in call order), returning once enqueued and watched as
   /// `all_reduce` is. Copies are exact: every replica receives the same bits.
   template <class Rt, class E>
     requires std::derived_from<Rt, cuda::runtime>
@@ -263,8 +285,10 @@ struct NcclAllReduce {
       sources.push_back(in.leaves[k].ptr);
       targets.push_back(out.leaves[k].ptr);
     }
-    nccl::impl::all_gather(comms, self, rt.stream_of(self), cuda::kernel_kind_of<E>(), sources, targets, counts,
+    rt.fork_to_comm(self);
+    nccl::impl::all_gather(comms, self, rt.comm_stream_of(self), cuda::kernel_kind_of<E>(), sources, targets, counts,
                            rt.timeout());
+    rt.join_comm(self, rt.mark_comm(self));
   }
 
  private:

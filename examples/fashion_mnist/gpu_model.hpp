@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -34,8 +35,10 @@ class replica {
   /// to be asynchronous) and runs forward and backward: the gradients become the sum over these
   /// rows of the per-row gradients divided by `global_rows`; the rows' loss and correct
   /// predictions join the totals. Zero rows (a ragged last batch) zero the gradients.
+  /// `ready(k)`, when given, is called as the work producing gradient k (layout order: w1, b1,
+  /// w2, b2, w3, b3 = 0..5) has been enqueued, last layer first (gpu_steps.hpp).
   void forward_backward(const std::uint8_t* pixels, const std::int32_t* labels, std::size_t rows,
-                        std::size_t global_rows);
+                        std::size_t global_rows, const std::function<void(std::size_t)>& ready = nullptr);
   /// The gradient array (device memory, `layout::total` floats): what the replicas all-reduce.
   float* gradients() const noexcept;
   /// SGD with momentum from the (all-reduced) gradients.

@@ -174,24 +174,37 @@ void forward(Exec& e, const buffers& b, std::size_t rows) {
 
 /// Forward and backward over `rows` rows (> 0): per-row loss and correctness, and in `grads` the
 /// sum over these rows of the per-row gradients divided by `global_rows`, as model.hpp's
-/// Workspace::forward_backward.
-template <class Exec>
-void forward_backward(Exec& e, const buffers& b, std::size_t rows, std::size_t global_rows) {
+/// Workspace::forward_backward. `ready(k)` is called once the work producing gradient k (in
+/// layout order: w1, b1, w2, b2, w3, b3 = 0..5) has been issued, last layer first, so that a
+/// bucketed all-reduce can start it while the earlier layers' backward goes on.
+template <class Exec, class Ready>
+void forward_backward(Exec& e, const buffers& b, std::size_t rows, std::size_t global_rows, Ready&& ready) {
   const int n = static_cast<int>(rows);
   const float* p = b.params;
   float* g = b.grads;
   forward(e, b, rows);
   e.softmax(b, rows, 1.0f / static_cast<float>(global_rows));
   e.gemm(g + layout::w3, hidden2, out_classes, n, b.a2, true, b.z3, false);
+  ready(std::size_t{4});
   e.column_sums(g + layout::b3, b.z3, rows, out_classes);
+  ready(std::size_t{5});
   e.gemm(b.d2, n, hidden2, out_classes, b.z3, false, p + layout::w3, true);
   e.relu_grad(b.d2, b.a2, rows * hidden2);
   e.gemm(g + layout::w2, hidden1, hidden2, n, b.a1, true, b.d2, false);
+  ready(std::size_t{2});
   e.column_sums(g + layout::b2, b.d2, rows, hidden2);
+  ready(std::size_t{3});
   e.gemm(b.d1, n, hidden1, hidden2, b.d2, false, p + layout::w2, true);
   e.relu_grad(b.d1, b.a1, rows * hidden1);
   e.gemm(g + layout::w1, in_features, hidden1, n, b.x, true, b.d1, false);
+  ready(std::size_t{0});
   e.column_sums(g + layout::b1, b.d1, rows, hidden1);
+  ready(std::size_t{1});
+}
+/// forward_backward with no one to tell.
+template <class Exec>
+void forward_backward(Exec& e, const buffers& b, std::size_t rows, std::size_t global_rows) {
+  forward_backward(e, b, rows, global_rows, [](std::size_t) {});
 }
 
 }  // namespace fashion_mnist::gpu

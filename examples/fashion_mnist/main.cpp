@@ -36,6 +36,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -108,8 +109,9 @@ constexpr const char* usage_text =
     "                    devices::Cluster<Threads>, launched with mpirun -np W (MPI builds; --replicas\n"
     "                    is per worker, policy default)\n"
     "  --overlap MIB     all-reduce the gradients in buckets of MIB MiB (0: one per buffer) that start\n"
-    "                    during the backward pass, layer by layer (ctx.gradient_buckets; CPU devices,\n"
-    "                    --optimizer replicated, which it selects)\n"
+    "                    during the backward pass, layer by layer (ctx.gradient_buckets; selects\n"
+    "                    --optimizer replicated; on cuda the buckets are runs of the one gradient\n"
+    "                    array, each reduced in place on the replica's communication stream)\n"
     "  --timeline FILE   write a timeline of the training to FILE, a Chrome trace that Perfetto and\n"
     "                    chrome://tracing open (each worker of a cluster: FILE.worker<w>.json)\n";
 
@@ -199,7 +201,6 @@ Options parse(int argc, char** argv) {
       usage_error("--overlap buckets the all-reduce of --optimizer replicated; the sharded optimizer's "
                   "reduce-scatter has no bucketed form yet");
     }
-    if (o.device == "cuda") usage_error("--overlap needs a CPU device (threads or cluster) for now");
     o.optimizer = "replicated";
   }
   return o;
@@ -492,10 +493,29 @@ double train_and_test_on_gpus(const Options& o, const fm::split& train, const fm
   std::iota(order.begin(), order.end(), std::size_t{0});
   fm::rng shuffle_rng{o.seed * 0x2545f4914f6cdd1dULL + 1};
 
-  auto train_step = [momentum = o.momentum](auto& ctx, const Batch& batch, gpu::replica& m, const StepInfo& info) {
-    m.forward_backward(batch.images.data.data(), batch.labels.data(), batch.labels.size(), info.global_rows);
-    // One collective over the whole gradient, in place on the replica's stream.
-    (void)ctx.all_reduce(mirror::ReduceOp::sum, mirror::cuda::device_span<float>{m.gradients(), gpu::layout::total});
+  const std::size_t bucket_bytes = o.overlap_mib >= 0 ? static_cast<std::size_t>(o.overlap_mib * 1048576.0) : 0;
+  auto train_step = [momentum = o.momentum, overlap = o.overlap_mib >= 0, bucket_bytes](
+                        auto& ctx, const Batch& batch, gpu::replica& m, const StepInfo& info) {
+    if (overlap) {
+      // The six layers' gradients as six views of the one array, in layout order: the buckets
+      // are runs of them (adjacent, so each is reduced in place), started as backward enqueues
+      // the last kernel of each; NCCL runs on the communication stream beside the earlier
+      // layers' kernels.
+      float* g = m.gradients();
+      using view = mirror::cuda::device_span<float>;
+      using L = gpu::layout;
+      std::array<view, 6> layers{view{g + L::w1, L::b1 - L::w1}, view{g + L::b1, L::w2 - L::b1},
+                                 view{g + L::w2, L::b2 - L::w2}, view{g + L::b2, L::w3 - L::b2},
+                                 view{g + L::w3, L::b3 - L::w3}, view{g + L::b3, L::total - L::b3}};
+      auto buckets = ctx.gradient_buckets(mirror::ReduceOp::sum, layers, bucket_bytes);
+      m.forward_backward(batch.images.data.data(), batch.labels.data(), batch.labels.size(), info.global_rows,
+                         [&](std::size_t leaf) { buckets.ready(leaf); });
+      (void)buckets.finish();
+    } else {
+      m.forward_backward(batch.images.data.data(), batch.labels.data(), batch.labels.size(), info.global_rows);
+      // One collective over the whole gradient, in place on the replica's stream.
+      (void)ctx.all_reduce(mirror::ReduceOp::sum, mirror::cuda::device_span<float>{m.gradients(), gpu::layout::total});
+    }
     m.apply_momentum(info.lr, momentum);
   };
   // {loss sum, correct predictions} of every replica since the last call (a pair returned from

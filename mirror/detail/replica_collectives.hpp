@@ -33,6 +33,17 @@ namespace mirror::detail {
 /// policy is `Ops`. Cheap to make (two references): each ReplicaContext holds one.
 template <class Rt, class Ops>
 class replica_collectives {
+ private:
+  // The leaves of one element type of a collective's input or output, attached on a replica's
+  // device (rt.attach) as an ops policy sees them.
+  template <class E, std::size_t K>
+  struct attached_leaves {
+    std::array<typename Rt::template pointer<E>, K> leaves{};
+    std::array<std::size_t, K> sizes{};
+    std::size_t total = 0;
+    backend::segment_list<Rt, E> list() const { return {leaves, sizes, total}; }
+  };
+
  public:
   /// Whether the runtime's replicas span several processes (devices::Cluster).
   static constexpr bool multi_worker = spans_workers<Rt>;
@@ -56,27 +67,75 @@ class replica_collectives {
   }
 
   /// Whether the ops policy can start an all-reduce that completes later
-  /// (`all_reduce_start`, e.g. ops::Hierarchical across workers), so that
-  /// ReplicaContext::all_reduce_async overlaps; other policies complete it as it starts.
+  /// (`all_reduce_start`: ops::Hierarchical across workers, ops::NcclAllReduce on its
+  /// communication stream), so that ReplicaContext::all_reduce_async overlaps; other policies
+  /// complete it as it starts.
   static constexpr bool starts_all_reduce =
-      Rt::host_addressable && requires(const Ops& o, backend::collective<Rt>& c, const backend::segment_list<Rt, float>& s) {
+      requires(const Ops& o, backend::collective<Rt>& c, const backend::segment_list<Rt, float>& s) {
         o.all_reduce_start(c, ReduceOp::sum, s).finish();
       };
 
-  /// What all_reduce_start returns for element type E: finish() completes it.
-  template <class E, class O = Ops>
-  using started_all_reduce = decltype(std::declval<const O&>().all_reduce_start(
-      std::declval<backend::collective<Rt>&>(), ReduceOp::sum, std::declval<const backend::segment_list<Rt, E>&>()));
+  /// One replica's all_reduce_leaves of element type E (K leaves), started: the ops policy's part
+  /// (`Started`, its finish() completes it) and the attached leaves, detached once it has
+  /// finished (a staged host leaf of a GPU replica is copied back then).
+  template <class E, std::size_t K, class Started>
+  class started_leaves {
+   public:
+    /// Nothing started.
+    started_leaves() = default;
+    /// The policy's part `op` of the all-reduce of `host`, attached as `leaves`.
+    started_leaves(replica_collectives& owner, int self, const attached_leaves<E, K>& leaves,
+                   const std::array<std::span<E>, K>& host, Started op)
+        : owner_(&owner), self_(self), leaves_(leaves), host_(host), op_(std::move(op)) {}
+    /// Takes over `other`'s part.
+    started_leaves(started_leaves&& other) noexcept
+        : owner_(std::exchange(other.owner_, nullptr)), self_(other.self_), leaves_(other.leaves_),
+          host_(other.host_), op_(std::move(other.op_)) {}
+    /// (Assigned only while empty: ReplicaContext fills its parts once.)
+    started_leaves& operator=(started_leaves&& other) noexcept {
+      owner_ = std::exchange(other.owner_, nullptr);
+      self_ = other.self_;
+      leaves_ = other.leaves_;
+      host_ = other.host_;
+      op_ = std::move(other.op_);
+      return *this;
+    }
+    /// Whether finish() would return without waiting.
+    bool done() const noexcept { return op_.done(); }
+    /// Completes the policy's part and detaches the leaves. Once.
+    void finish() {
+      op_.finish();
+      if (owner_ != nullptr) std::exchange(owner_, nullptr)->detach_leaves(self_, leaves_, host_);
+    }
+
+   private:
+    replica_collectives* owner_ = nullptr;  // null: nothing attached (empty, or finished)
+    int self_ = 0;
+    attached_leaves<E, K> leaves_{};
+    std::array<std::span<E>, K> host_{};
+    Started op_{};
+  };
+
+  /// What all_reduce_start returns for element type E and K leaves (`::type`): finish()
+  /// completes it. (A class, not an alias: its body is looked at only where a policy starts.)
+  template <class E, std::size_t K>
+  struct started_all_reduce {
+    /// The started part.
+    using type = started_leaves<
+        E, K,
+        decltype(std::declval<const Ops&>().all_reduce_start(std::declval<backend::collective<Rt>&>(), ReduceOp::sum,
+                                                             std::declval<const backend::segment_list<Rt, E>&>()))>;
+  };
 
   /// all_reduce_leaves, started (where starts_all_reduce): the leaves hold the result once the
-  /// returned handle's finish() has returned. Host memory only, so nothing is staged.
+  /// returned part's finish() has returned.
   template <class E, std::size_t K>
   auto all_reduce_start(int self, ReduceOp op, const std::array<std::span<E>, K>& host,
                         const collective_header* header) {
-    require_host_element<E>();
+    if constexpr (Rt::host_addressable) require_host_element<E>();
     const auto leaves = attach_leaves(self, host);
     backend::collective<Rt> c(rt_, self, header);
-    return ops_.all_reduce_start(c, op, leaves.list());
+    return typename started_all_reduce<E, K>::type(*this, self, leaves, host, ops_.all_reduce_start(c, op, leaves.list()));
   }
 
   template <class E, std::size_t K>
@@ -297,15 +356,6 @@ class replica_collectives {
   }
 
  private:
-  /// The leaves of one element type of a collective's input or output, attached on a replica's
-  /// device (rt.attach) as an ops policy sees them.
-  template <class E, std::size_t K>
-  struct attached_leaves {
-    std::array<typename Rt::template pointer<E>, K> leaves{};
-    std::array<std::size_t, K> sizes{};
-    std::size_t total = 0;
-    backend::segment_list<Rt, E> list() const { return {leaves, sizes, total}; }
-  };
   template <class E, std::size_t K>
   attached_leaves<E, K> attach_leaves(int self, const std::array<std::span<E>, K>& host) {
     attached_leaves<E, K> a;

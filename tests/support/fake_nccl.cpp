@@ -79,6 +79,31 @@ struct last_collective {
 };
 std::map<cudaStream_t, last_collective> stream_last;
 
+// The stream log (fake_nccl::stream_log): every piece of work in enqueue order, its position on
+// its stream, and the event edges: the work of `to` from entry `to_from` on waits for the first
+// `from_count` entries of `from`.
+struct logged {
+  fake_nccl::enqueued entry;
+  std::size_t position;  // among its stream's entries
+};
+struct edge {
+  const void* from;
+  std::size_t from_count;
+  const void* to;
+  std::size_t to_from;
+};
+std::vector<logged> work_log;
+std::vector<edge> edges;
+std::map<const void*, std::size_t> stream_length;
+
+void log_work(const void* stream, std::string what) {  // (lock held)
+  work_log.push_back({{stream, std::move(what)}, stream_length[stream]++});
+}
+void log_locked(const void* stream, std::string what) {
+  std::lock_guard g(lock);
+  log_work(stream, std::move(what));
+}
+
 struct allocation {
   std::size_t bytes;
   int device;
@@ -113,6 +138,8 @@ struct ncclComm {
 
 struct CUevent_st {
   last_collective waits_for;
+  cudaStream_t recorded_on = nullptr;  // the stream of the latest cudaEventRecord
+  std::size_t recorded_after = 0;      // the work that stream had then (its first n entries)
 };
 
 namespace {
@@ -252,6 +279,9 @@ void reset(const script& s) {
   worlds.clear();
   all_comms.clear();
   stream_last.clear();
+  work_log.clear();
+  edges.clear();
+  stream_length.clear();
   for (auto& row : peer_enabled) {
     for (bool& b : row) b = false;
   }
@@ -259,6 +289,41 @@ void reset(const script& s) {
 record snapshot() {
   std::lock_guard g(lock);
   return seen;
+}
+std::vector<enqueued> stream_log() {
+  std::lock_guard g(lock);
+  std::vector<enqueued> out;
+  for (const auto& l : work_log) out.push_back(l.entry);
+  return out;
+}
+std::size_t enqueue_marker(const void* stream, const std::string& what) {
+  std::lock_guard g(lock);
+  log_work(stream, what);
+  return work_log.size() - 1;
+}
+bool happens_before(std::size_t a, std::size_t b) {
+  std::lock_guard g(lock);
+  if (a >= work_log.size() || b >= work_log.size() || a == b) return false;
+  // reach[s]: how many of stream s's entries precede b, b's own stream counting b itself; an
+  // edge into stream u at entry m carries its source's first entries along once m is reached.
+  const void* const target = work_log[b].entry.stream;
+  std::map<const void*, std::size_t> reach{{target, work_log[b].position + 1}};
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const edge& e : edges) {
+      const auto it = reach.find(e.to);
+      if (it == reach.end() || e.to_from >= it->second) continue;
+      std::size_t& r = reach[e.from];
+      if (e.from_count > r) {
+        r = e.from_count;
+        grew = true;
+      }
+    }
+  }
+  const logged& x = work_log[a];
+  const auto it = reach.find(x.entry.stream);
+  if (it == reach.end()) return false;
+  return x.entry.stream == target ? x.position < work_log[b].position : x.position < it->second;
 }
 int group_depth() { return depth; }
 int last_error() { return static_cast<int>(last); }
@@ -296,6 +361,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   std::lock_guard g(lock);
   e->waits_for = stream_last[s];
+  e->recorded_on = s;
+  e->recorded_after = stream_length[s];
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceCount(int* n) {
@@ -317,12 +384,22 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) {
   *s = new CUstream_st{-1, device};
   return cudaSuccess;
 }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  *s = new CUstream_st{-1, device};
+  return cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete s;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  std::lock_guard g(lock);
+  if (e->recorded_on != nullptr && e->recorded_on != s) {
+    edges.push_back({e->recorded_on, e->recorded_after, s, stream_length[s]});
+  }
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   if (bytes > (std::size_t{1} << 36)) return last = cudaErrorMemoryAllocation;
@@ -360,8 +437,9 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind
   std::memcpy(dst, src, n);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind, cudaStream_t s) {
   std::memcpy(dst, src, n);
+  log_locked(s, "cudaMemcpyAsync");
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
@@ -370,7 +448,8 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-                              std::size_t height, cudaMemcpyKind, cudaStream_t) {
+                              std::size_t height, cudaMemcpyKind, cudaStream_t s) {
+  log_locked(s, "cudaMemcpy2DAsync");
   if (width > dpitch || width > spitch) return last = cudaErrorInvalidPitchValue;
   if (dpitch > plan.max_pitch || spitch > plan.max_pitch) {
     violation("cudaMemcpy2DAsync with a pitch above cudaDevAttrMaxPitch");
@@ -382,7 +461,8 @@ cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, st
   return cudaSuccess;
 }
 cudaError_t cudaMemset2DAsync(void* p, std::size_t pitch, int value, std::size_t width, std::size_t height,
-                              cudaStream_t) {
+                              cudaStream_t s) {
+  log_locked(s, "cudaMemset2DAsync");
   if (width > pitch) return last = cudaErrorInvalidPitchValue;
   if (pitch > plan.max_pitch) {
     violation("cudaMemset2DAsync with a pitch above cudaDevAttrMaxPitch");
@@ -391,9 +471,10 @@ cudaError_t cudaMemset2DAsync(void* p, std::size_t pitch, int value, std::size_t
   for (std::size_t row = 0; row < height; ++row) std::memset(static_cast<char*>(p) + row * pitch, value, width);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyPeerAsync(void* dst, int, const void* src, int, std::size_t n, cudaStream_t) {
+cudaError_t cudaMemcpyPeerAsync(void* dst, int, const void* src, int, std::size_t n, cudaStream_t s) {
   std::memcpy(dst, src, n);
   std::lock_guard g(lock);
+  log_work(s, "cudaMemcpyPeerAsync");
   ++seen.peer_copies;
   return cudaSuccess;
 }
@@ -434,6 +515,7 @@ cudaError_t launch_error(cudaStream_t s, std::span<const void* const> ptrs) {
     }
   }
   ++seen.launches;
+  log_work(s, "kernel");
   return cudaSuccess;
 }
 
@@ -622,6 +704,7 @@ ncclResult_t ncclGroupEnd() {
   per_rank.resize(static_cast<std::size_t>(w.nranks));
   per_rank[static_cast<std::size_t>(c->rank)] = ops;
   stream_last[ops[0].stream] = {&w, seq, c->rank};
+  for (const queued& q : ops) log_work(q.stream, name_of(q.what));
   ++seen.groups_launched;
   bool all = true;
   for (const std::uint64_t n : w.launched) all = all && n >= seq;

@@ -53,6 +53,21 @@ struct record {
 };
 record snapshot();
 
+/// One piece of work enqueued on a fake stream: a copy ("cudaMemcpyAsync", ...), a "kernel", an
+/// NCCL call ("ncclAllReduce", ...) or a test's own marker.
+struct enqueued {
+  const void* stream;  // its cudaStream_t
+  std::string what;
+};
+/// Every piece of work since reset(), in the order it was enqueued (streams run everything at
+/// once here; this log is what keeps their order for happens_before).
+std::vector<enqueued> stream_log();
+/// Logs a test's own piece of work on `stream` (a kernel of fn, say); returns its index.
+std::size_t enqueue_marker(const void* stream, const std::string& what);
+/// Whether log entry `a` must complete before entry `b` starts on a GPU: `a` comes first on the
+/// same stream, or a chain of cudaEventRecord / cudaStreamWaitEvent orders them.
+bool happens_before(std::size_t a, std::size_t b);
+
 /// This thread's open ncclGroupStart count, and its CUDA last error (cudaPeekAtLastError).
 int group_depth();
 int last_error();
