@@ -82,7 +82,9 @@ class Pending {
 
   /// Whether `wait()` would return without blocking: the collective and every one started
   /// before it are complete. (With several local replicas on `devices::Cluster`, the first to
-  /// wait also copies the result to the others: a short copy, not a wait for peers.)
+  /// wait also copies the result to the others: a short copy, not a wait for peers. On
+  /// `devices::Cuda` it is always true: `wait()` orders the replica's stream after the
+  /// collective and never waits on the host.)
   bool ready() const noexcept { return later_ == nullptr || queue_->ready_through(*later_); }
 
  private:

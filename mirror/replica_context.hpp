@@ -80,18 +80,8 @@ class ReplicaContext {
     require_reachable_leaves<N>();
     const recorded in_recorder(*this);
     N result(std::forward<T>(value));
-    constexpr std::size_t K = detail::leaf_count<N>();
-    std::array<std::size_t, K> sizes{};
-    std::size_t k = 0;
-    detail::for_each_leaf([&](auto& l) { sizes[k++] = detail::elements_of(l).size(); },
-                          result);
-    detail::collective_header header =
-        make_header<N>(detail::collective_kind::all_reduce, static_cast<int>(op), sizes, where, 0, bytes_of(result));
-    header.in_place = !detail::all_leaves_own<N>();
-    const detail::collective_header* pending = &header;
-    detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
-      collectives_.template all_reduce_leaves<E>(self_, op, detail::leaves_of<E>(result), pending);
-      pending = nullptr;
+    for_each_reduced_type(op, result, where, [&]<class E>(const detail::collective_header* header) {
+      collectives_.template all_reduce_leaves<E>(self_, op, detail::leaves_of<E>(result), header);
     });
     return detail::access::synced(std::move(result));
   }
@@ -542,20 +532,29 @@ class ReplicaContext {
     const recorded in_recorder(*this);
     auto started = std::make_unique<all_reduce_in_flight<N>>(N(std::forward<T>(value)));
     N& result = started->nest;
-    constexpr std::size_t K = detail::leaf_count<N>();
-    std::array<std::size_t, K> sizes{};
+    for_each_reduced_type(op, result, where, [&]<class E>(const detail::collective_header* header) {
+      std::get<typename all_reduce_in_flight<N>::template part<E>>(started->parts) =
+          collectives_.template all_reduce_start<E>(self_, op, detail::leaves_of<E>(result), header);
+    });
+    return Pending<Synced<N>>(std::move(started), async_);
+  }
+
+  /// The all-reduce of `result` (blocking or started) up to the ops policy: its agreement header,
+  /// then `each.template operator()<E>(header)` for every element type E of N, the header
+  /// riding on the first type's collective (null for the others).
+  template <class N, class Each>
+  void for_each_reduced_type(ReduceOp op, N& result, const mirror::source_location& where, Each&& each) {
+    std::array<std::size_t, detail::leaf_count<N>()> sizes{};
     std::size_t k = 0;
     detail::for_each_leaf([&](auto& l) { sizes[k++] = detail::elements_of(l).size(); }, result);
     detail::collective_header header =
         make_header<N>(detail::collective_kind::all_reduce, static_cast<int>(op), sizes, where, 0, bytes_of(result));
     header.in_place = !detail::all_leaves_own<N>();
-    const detail::collective_header* pending = &header;
+    const detail::collective_header* first = &header;
     detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
-      std::get<typename all_reduce_in_flight<N>::template part<E>>(started->parts) =
-          collectives_.template all_reduce_start<E>(self_, op, detail::leaves_of<E>(result), pending);
-      pending = nullptr;
+      each.template operator()<E>(first);
+      first = nullptr;
     });
-    return Pending<Synced<N>>(std::move(started), async_);
   }
 
   /// At the end of fn (Strategy::run): completes what fn started and never waited for, and
