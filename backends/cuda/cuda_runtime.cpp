@@ -492,6 +492,12 @@ void synchronize(state& s, int r) {
 
 void* current_stream() noexcept { return impl::current; }
 
+std::string pci_bus_id(int device) {
+  char id[64] = {};
+  impl::check(cudaDeviceGetPCIBusId(id, static_cast<int>(sizeof id), device), "cudaDeviceGetPCIBusId");
+  return id;
+}
+
 }  // namespace mirror::cuda
 
 namespace mirror::cuda::impl {

@@ -41,6 +41,11 @@ namespace mirror::cuda {
 /// driver is too old (never throws: this is the question a fallback asks).
 int device_count() noexcept;
 
+/// The PCI bus id of CUDA device `device` ("0000:41:00.0"): the same GPU has the same id in
+/// every process of a host, whatever its ordinal there (CUDA_VISIBLE_DEVICES renumbers).
+/// Throws `mirror::backend_error`.
+std::string pci_bus_id(int device);
+
 /// Inside `fn` on `devices::Cuda`: the calling replica's stream (a `cudaStream_t` as `void*`).
 /// Kernels and copies enqueued there are ordered with the replica's collectives. Null on a
 /// thread that is not running a replica.

@@ -14,6 +14,10 @@
 #include <mirror/detail/owned.hpp>
 #include <mirror/detail/worker_group.hpp>
 #if MIRROR_HAS_NCCL
+#include <cstdlib>
+#include <string>
+#include <vector>
+#include <mirror/backends/mpi/gpu_placement.hpp>
 #include <mirror/backends/nccl/nccl_all_reduce.hpp>  // devices::Cuda, ops::NcclAllReduce: Cluster<Cuda>'s ops
 #endif
 
@@ -44,9 +48,14 @@ namespace mirror::devices {
 /// builds with NCCL `devices::Cuda` (default ops `ops::NcclAllReduce`: one NCCL communicator per
 /// local GPU spanning every GPU of every worker, W*G ranks, bootstrapped over MPI by the
 /// strategy's constructor). With `Cuda`: one replica per GPU (`replicas_per_gpu > 1` is refused
-/// with NCCL), the same number of GPUs on every worker, and no GPU used by two workers — on a
-/// host with several workers give each its own, e.g. `.local = {.gpus = {local_rank}}`
-/// (`OMPI_COMM_WORLD_LOCAL_RANK`), or `CUDA_VISIBLE_DEVICES` per process. Host-side
+/// with NCCL) and the same number of GPUs on every worker. `.local.gpus` empty gives each worker
+/// ONE GPU, the one at its rank among the workers of its host (modulo the GPUs it sees), so
+/// `mpirun -np 8` on an 8-GPU node puts one worker on each; list GPUs to use several per
+/// worker. Before any CUDA runtime or NCCL call the workers compare the PCI bus ids of their
+/// GPUs (`mpi::place_gpus`): two workers of one host on one GPU are `std::invalid_argument` on
+/// every worker, naming both, since NCCL refuses two ranks on one GPU — unless NCCL is told to
+/// allow it (a distinct `NCCL_HOSTID` per process, or `NCCL_MULTI_RANK_GPU_ENABLE=1` with NCCL
+/// 2.30 or newer; docs/multi-worker.md). Host-side
 /// cross-worker work (`Strategy::reduce` of host values, variables' initial broadcast,
 /// checkpoints, input) goes over MPI exactly as with `Threads`; values with device-resident
 /// leaves are reduced by the ops (NCCL), never handed to MPI. Not yet run on a GPU.
@@ -104,11 +113,26 @@ struct Cluster {
     // and the recovery from another worker's failure that may follow it (at most as long again).
     static Local local_policy(const Cluster& c) {
       Local l = c.local;
+#if MIRROR_HAS_NCCL
+      if constexpr (std::is_same_v<Local, devices::Cuda>) l.gpus = place(c);
+#endif
       if constexpr (requires { l.timeout; }) {
         l.timeout += std::chrono::duration_cast<decltype(l.timeout)>(2 * c.timeout + std::chrono::seconds(10));
       }
       return l;
     }
+#if MIRROR_HAS_NCCL
+    // The GPUs of this worker, agreed with the others before anything touches a GPU
+    // (mpi::place_gpus: .local.gpus, or the one at the worker's rank on its host).
+    static std::vector<int> place(const Cluster& c) {
+      std::vector<std::string> visible;
+      for (int d = 0; d < cuda::device_count(); ++d) visible.push_back(cuda::pci_bus_id(d));
+      const char* multi = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+      const int version = nccl::impl::version();
+      const bool shared = multi != nullptr && std::string(multi) == "1" && version >= 23000;
+      return mpi::place_gpus(c.comm, c.timeout, c.local.gpus, visible, shared, version);
+    }
+#endif
     detail::owned<mpi::group> group_;
   };
 };

@@ -54,17 +54,9 @@ unsigned share_of_host_cores(MPI_Comm comm) {
 
 }  // namespace
 
-group::group(const group_options& o) : impl_(new impl()) {
-  impl& m = *impl_;
-  if (o.timeout.count() <= 0) {
-    throw std::invalid_argument(detail::format("mirror::devices::Cluster{.timeout = %lld ms}: the cross-worker timeout "
-                                               "must be positive",
-                                               static_cast<long long>(o.timeout.count()))
-                                    .c_str());
-  }
-  m.timeout = o.timeout;
-  m.validate = o.validate_shapes;
-  m.R = o.local_replicas;
+namespace support {
+
+void initialize_mpi() {
   int initialised = 0, finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) {
@@ -89,6 +81,41 @@ group::group(const group_options& o) : impl_(new impl()) {
             provided)
             .c_str());
   }
+}
+
+void wait_for_everyone(MPI_Request& request, clock::time_point deadline, std::chrono::milliseconds timeout,
+                       MPI_Comm comm, const char* call) {
+  for (int done = 0;;) {
+    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
+    if (done) return;
+    if (clock::now() >= deadline) {
+      int size = 0, rank = 0;
+      MPI_Comm_size(comm, &size);
+      MPI_Comm_rank(comm, &rank);
+      throw timeout_error(detail::format("mirror::devices::Cluster: not every worker of the communicator built its "
+                                         "strategy within %lld ms (worker %d of %d waited in %s); every worker must "
+                                         "construct it, in the same order",
+                                         static_cast<long long>(timeout.count()), rank, size, call),
+                          {});
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+}  // namespace support
+
+group::group(const group_options& o) : impl_(new impl()) {
+  impl& m = *impl_;
+  if (o.timeout.count() <= 0) {
+    throw std::invalid_argument(detail::format("mirror::devices::Cluster{.timeout = %lld ms}: the cross-worker timeout "
+                                               "must be positive",
+                                               static_cast<long long>(o.timeout.count()))
+                                    .c_str());
+  }
+  m.timeout = o.timeout;
+  m.validate = o.validate_shapes;
+  m.R = o.local_replicas;
+  initialize_mpi();
   make_floating_ops();
   static_assert(sizeof(MPI_Comm) <= sizeof(std::uint64_t));
   const MPI_Comm comm = o.comm.is_world() ? MPI_COMM_WORLD : o.comm.get<MPI_Comm>();
@@ -96,21 +123,7 @@ group::group(const group_options& o) : impl_(new impl()) {
   // that never builds its strategy must not hang the others, not even in the duplications.
   const auto deadline = clock::now() + m.timeout;
   const auto wait_for_everyone = [&](MPI_Request& request, const char* call) {
-    for (int done = 0;;) {
-      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
-      if (done) return;
-      if (clock::now() >= deadline) {
-        int size = 0, rank = 0;
-        MPI_Comm_size(comm, &size);
-        MPI_Comm_rank(comm, &rank);
-        throw timeout_error(detail::format("mirror::devices::Cluster: not every worker of the communicator built its "
-                                           "strategy within %lld ms (worker %d of %d waited in %s); every worker must "
-                                           "construct it, in the same order",
-                                           static_cast<long long>(m.timeout.count()), rank, size, call),
-                            {});
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
+    support::wait_for_everyone(request, deadline, m.timeout, comm, call);
   };
   {
     // On the heap, and kept if the wait gives up: MPI writes the handle when the duplication

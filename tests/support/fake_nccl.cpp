@@ -369,6 +369,11 @@ cudaError_t cudaGetDeviceCount(int* n) {
   *n = plan.devices;
   return cudaSuccess;
 }
+cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int d) {
+  if (d < 0 || d >= plan.devices) return last = cudaErrorInvalidDevice;
+  std::snprintf(id, static_cast<std::size_t>(len), "0000:%02x:00.0", 0x10 + d);
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) {
   *can = plan.can_access_peer ? 1 : 0;
   return cudaSuccess;

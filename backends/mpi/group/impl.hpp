@@ -8,6 +8,7 @@
 //                            the control communicator (who-has-arrived queries, notices), timeouts
 //   group/collectives.cpp    the MPI collectives a job posts, and the agreement check before them
 //   group/recovery.cpp       completing a failed run's collectives on every worker
+//   gpu_placement.cpp        Cluster<Cuda>'s GPU placement, before the group exists
 // and the helpers they share (MPI datatypes and ops, error texts), below.
 
 #define OMPI_SKIP_MPICXX 1
@@ -199,6 +200,17 @@ inline std::string what_of(const std::exception_ptr& e) {
     return "an exception not derived from std::exception";
   }
 }
+
+/// Initialises MPI (MPI_THREAD_MULTIPLE, finalised at exit) unless the program did; throws
+/// std::invalid_argument when it is finalized or below MPI_THREAD_SERIALIZED. (mpi_group.cpp)
+void initialize_mpi();
+
+/// Polls `request` (a collective of the strategy's construction on `comm`) until it completes;
+/// at `deadline` throws mirror::timeout_error saying that not every worker built its strategy
+/// within `timeout`. The request is then still posted: its buffers must outlive it
+/// (keep_until_exit). (mpi_group.cpp)
+void wait_for_everyone(MPI_Request& request, clock::time_point deadline, std::chrono::milliseconds timeout,
+                       MPI_Comm comm, const char* call);
 
 }  // namespace support
 using namespace support;  // (this header is included only by libmirror_mpi's own files)
