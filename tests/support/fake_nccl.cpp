@@ -6,7 +6,8 @@
 // device and reads memory that device can reach (its own, or a peer's with access enabled); no
 // NCCL call on a communicator while another thread is inside one on it, none after
 // ncclCommAbort freed it, no abort while another thread is inside a call; communicators
-// non-blocking. What it models: a failed call, and cudaEventQuery's cudaErrorNotReady, stay as
+// non-blocking; each call of a communicator ordered after its previous one (same stream, or
+// events between the streams). What it models: a failed call, and cudaEventQuery's cudaErrorNotReady, stay as
 // the thread's last error (as the issue found), and a launch reports that error as its own, as a
 // launch check that reads cudaGetLastError() does; a collective is enqueued (ncclGroupEnd's
 // ncclInProgress resolves) only once every rank has launched it, and completes then unless its
@@ -104,6 +105,31 @@ void log_locked(const void* stream, std::string what) {
   log_work(stream, std::move(what));
 }
 
+// fake_nccl::happens_before, with the lock held.
+bool ordered(std::size_t a, std::size_t b) {  // (lock held)
+  if (a >= work_log.size() || b >= work_log.size() || a == b) return false;
+  // reach[s]: how many of stream s's entries precede b, b's own stream counting b itself; an
+  // edge into stream u at entry m carries its source's first entries along once m is reached.
+  const void* const target = work_log[b].entry.stream;
+  std::map<const void*, std::size_t> reach{{target, work_log[b].position + 1}};
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const edge& e : edges) {
+      const auto it = reach.find(e.to);
+      if (it == reach.end() || e.to_from >= it->second) continue;
+      std::size_t& r = reach[e.from];
+      if (e.from_count > r) {
+        r = e.from_count;
+        grew = true;
+      }
+    }
+  }
+  const logged& x = work_log[a];
+  const auto it = reach.find(x.entry.stream);
+  if (it == reach.end()) return false;
+  return x.entry.stream == target ? x.position < work_log[b].position : x.position < it->second;
+}
+
 struct allocation {
   std::size_t bytes;
   int device;
@@ -134,6 +160,7 @@ struct ncclComm {
   std::atomic<bool> aborted{false};
   bool destroyed = false;
   bool finalizing = false;  // ncclCommFinalize was called
+  std::size_t last_work = static_cast<std::size_t>(-1);  // the log entry of its last launched call
 };
 
 struct CUevent_st {
@@ -303,27 +330,7 @@ std::size_t enqueue_marker(const void* stream, const std::string& what) {
 }
 bool happens_before(std::size_t a, std::size_t b) {
   std::lock_guard g(lock);
-  if (a >= work_log.size() || b >= work_log.size() || a == b) return false;
-  // reach[s]: how many of stream s's entries precede b, b's own stream counting b itself; an
-  // edge into stream u at entry m carries its source's first entries along once m is reached.
-  const void* const target = work_log[b].entry.stream;
-  std::map<const void*, std::size_t> reach{{target, work_log[b].position + 1}};
-  for (bool grew = true; grew;) {
-    grew = false;
-    for (const edge& e : edges) {
-      const auto it = reach.find(e.to);
-      if (it == reach.end() || e.to_from >= it->second) continue;
-      std::size_t& r = reach[e.from];
-      if (e.from_count > r) {
-        r = e.from_count;
-        grew = true;
-      }
-    }
-  }
-  const logged& x = work_log[a];
-  const auto it = reach.find(x.entry.stream);
-  if (it == reach.end()) return false;
-  return x.entry.stream == target ? x.position < work_log[b].position : x.position < it->second;
+  return ordered(a, b);
 }
 int group_depth() { return depth; }
 int last_error() { return static_cast<int>(last); }
@@ -709,7 +716,16 @@ ncclResult_t ncclGroupEnd() {
   per_rank.resize(static_cast<std::size_t>(w.nranks));
   per_rank[static_cast<std::size_t>(c->rank)] = ops;
   stream_last[ops[0].stream] = {&w, seq, c->rank};
+  // NCCL runs a communicator's calls in the order they reach the GPU: a call on another stream
+  // than the one before must come after it by stream order (events), or the GPU may run them
+  // in another order on each rank.
+  const std::size_t first = work_log.size();
   for (const queued& q : ops) log_work(q.stream, name_of(q.what));
+  if (c->last_work != static_cast<std::size_t>(-1) && !ordered(c->last_work, first)) {
+    seen.violations.push_back(std::string(name_of(ops[0].what)) + " on a stream not ordered after the " +
+                              "communicator's previous call (NCCL needs its calls in one order on every rank)");
+  }
+  c->last_work = work_log.size() - 1;
   ++seen.groups_launched;
   bool all = true;
   for (const std::uint64_t n : w.launched) all = all && n >= seq;

@@ -130,6 +130,10 @@ TEST_CASE("nccl (fake GPUs): a started all-reduce runs on the communication stre
     auto first = ctx.all_reduce_async(ReduceOp::sum, std::tuple{span_of(a), span_of(b)});  // packed
     between[u] = fake_nccl::enqueue_marker(stream, "backward of the next layer");
     auto second = ctx.all_reduce_async(ReduceOp::sum, span_of(c));
+    // A blocking collective of the same communicator while two are outstanding: the fake checks
+    // that each NCCL call is ordered after the communicator's previous one.
+    auto d = on_gpu(r, std::vector<float>(12, 1.0f));
+    (void)ctx.reduce_scatter(ReduceOp::sum, span_of(d));
     (void)second.wait();  // completes `first` too (in start order)
     after[u] = fake_nccl::enqueue_marker(stream, "optimizer step");
     (void)first.wait();
