@@ -217,9 +217,7 @@ class runtime {
   template <class E, class S>
     requires std::same_as<const E, const S>
   void copy(int self, pointer<E> dst, pointer<S> src, std::size_t n) {
-    if (n == 0 || (static_cast<const E*>(dst.ptr) == src.ptr && dst.device == src.device)) return;
-    impl::copy(*state_, self, impl::located{dst.ptr, dst.device}, impl::located{const_cast<E*>(src.ptr), src.device},
-               n * sizeof(E));
+    copy_on(self, dst, src, n, false);
   }
   template <class E, class S>
     requires std::same_as<const E, const S>
@@ -284,9 +282,7 @@ class runtime {
   template <class E, class S>
     requires std::same_as<const E, const S>
   void comm_copy(int self, pointer<E> dst, pointer<S> src, std::size_t n) {
-    if (n == 0 || (static_cast<const E*>(dst.ptr) == src.ptr && dst.device == src.device)) return;
-    impl::copy(*state_, self, impl::located{dst.ptr, dst.device}, impl::located{const_cast<E*>(src.ptr), src.device},
-               n * sizeof(E), true);
+    copy_on(self, dst, src, n, true);
   }
   ///@}
   /// Logical devices per GPU (`devices::Cuda::replicas_per_gpu`).
@@ -310,6 +306,13 @@ class runtime {
   }
 
  private:
+  // copy and comm_copy: nothing for an empty or self copy, else the copy on the chosen stream.
+  template <class E, class S>
+  void copy_on(int self, pointer<E> dst, pointer<S> src, std::size_t n, bool on_comm) {
+    if (n == 0 || (static_cast<const E*>(dst.ptr) == src.ptr && dst.device == src.device)) return;
+    impl::copy(*state_, self, impl::located{dst.ptr, dst.device}, impl::located{const_cast<E*>(src.ptr), src.device},
+               n * sizeof(E), on_comm);
+  }
   // The extension's owner written out rather than std::unique_ptr: this class is compiled by every
   // translation unit of a CUDA build (<mirror/mirror.hpp> brings it; docs/design.md#compile-time).
   struct owned_extension {

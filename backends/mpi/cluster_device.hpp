@@ -126,7 +126,7 @@ struct Cluster {
     // (mpi::place_gpus: .local.gpus, or the one at the worker's rank on its host).
     static std::vector<int> place(const Cluster& c) {
       std::vector<std::string> visible;
-      for (int d = 0; d < cuda::device_count(); ++d) visible.push_back(cuda::pci_bus_id(d));
+      for (int d = 0, n = cuda::device_count(); d < n; ++d) visible.push_back(cuda::pci_bus_id(d));
       const char* multi = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
       const int version = nccl::impl::version();
       const bool shared = multi != nullptr && std::string(multi) == "1" && version >= 23000;

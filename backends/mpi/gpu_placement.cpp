@@ -17,7 +17,6 @@ struct host_record {
 };
 struct claim_record {
   int visible;
-  int defaulted;
   int count;  // bus ids listed (the first max_claimed GPUs)
   char bus[max_claimed][bus_bytes];
 };
@@ -72,11 +71,9 @@ std::vector<int> place_gpus(const communicator& c, std::chrono::milliseconds tim
 
   const int visible = static_cast<int>(visible_bus_ids.size());
   std::vector<int> gpus(requested.begin(), requested.end());
-  const bool defaulted = gpus.empty();
-  if (defaulted && visible > 0) gpus.push_back(host_rank(names, rank) % visible);
+  if (gpus.empty() && visible > 0) gpus.push_back(host_rank(names, rank) % visible);
   claim_record claim{};
   claim.visible = visible;
-  claim.defaulted = defaulted ? 1 : 0;
   for (const int g : gpus) {
     if (g < 0 || g >= visible || static_cast<std::size_t>(claim.count) == max_claimed) continue;  // the runtime names a bad ordinal
     copy_text(claim.bus[claim.count++], bus_bytes, visible_bus_ids[static_cast<std::size_t>(g)]);
@@ -84,7 +81,7 @@ std::vector<int> place_gpus(const communicator& c, std::chrono::milliseconds tim
   const auto claims = all_of(claim, comm, deadline, timeout, "MPI_Iallgather (GPU claims)");
   std::vector<gpu_claim> all;
   for (std::size_t w = 0; w < claims.size(); ++w) {
-    gpu_claim g{hosts[w].host, hosts[w].hostid, {}, claims[w].visible, claims[w].defaulted != 0};
+    gpu_claim g{hosts[w].host, hosts[w].hostid, {}, claims[w].visible};
     for (int k = 0; k < claims[w].count; ++k) g.bus_ids.emplace_back(claims[w].bus[k]);
     all.push_back(std::move(g));
   }

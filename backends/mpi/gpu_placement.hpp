@@ -20,7 +20,6 @@ struct gpu_claim {
   std::string nccl_hostid;            ///< its NCCL_HOSTID, or empty (NCCL then derives the host from the host name)
   std::vector<std::string> bus_ids;   ///< the PCI bus id of each GPU it will use
   int visible = 0;                    ///< the GPUs it sees
-  bool defaulted = false;             ///< its `.local.gpus` was empty
 };
 
 /// The rank of worker `w` among the workers of its host (those before it with the same `hosts`

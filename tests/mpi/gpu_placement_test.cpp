@@ -20,9 +20,9 @@ TEST_CASE("gpu placement: a worker's host rank counts the workers before it on i
 
 TEST_CASE("gpu placement: two workers of one host on one GPU are refused, naming both, the host and the GPU",
           "[mpi][gpu]") {
-  const std::vector<gpu_claim> claims{{"node1", "", {"0000:41:00.0"}, 1, true},
-                                      {"node2", "", {"0000:41:00.0"}, 1, true},  // another host: its own GPU
-                                      {"node1", "", {"0000:41:00.0"}, 1, true}};
+  const std::vector<gpu_claim> claims{{"node1", "", {"0000:41:00.0"}, 1},
+                                      {"node2", "", {"0000:41:00.0"}, 1},  // another host: its own GPU
+                                      {"node1", "", {"0000:41:00.0"}, 1}};
   const std::string why = mirror::mpi::gpu_conflict(claims, false, 22809);
   CHECK_THAT(why, Catch::Contains("workers 0 and 2, both on host node1"));
   CHECK_THAT(why, Catch::Contains("the same GPU (PCI 0000:41:00.0)"));
@@ -35,22 +35,22 @@ TEST_CASE("gpu placement: two workers of one host on one GPU are refused, naming
 
 TEST_CASE("gpu placement: distinct NCCL_HOSTIDs, distinct GPUs, or several GPUs each without overlap are accepted",
           "[mpi][gpu]") {
-  CHECK(mirror::mpi::gpu_conflict(std::vector<gpu_claim>{{"n", "x", {"0000:41:00.0"}, 1, true},
-                                                         {"n", "y", {"0000:41:00.0"}, 1, true}},
+  CHECK(mirror::mpi::gpu_conflict(std::vector<gpu_claim>{{"n", "x", {"0000:41:00.0"}, 1},
+                                                         {"n", "y", {"0000:41:00.0"}, 1}},
                                   false, 22809)
             .empty());
-  CHECK(mirror::mpi::gpu_conflict(std::vector<gpu_claim>{{"n", "", {"0000:41:00.0"}, 2, true},
-                                                         {"n", "", {"0000:42:00.0"}, 2, true}},
+  CHECK(mirror::mpi::gpu_conflict(std::vector<gpu_claim>{{"n", "", {"0000:41:00.0"}, 2},
+                                                         {"n", "", {"0000:42:00.0"}, 2}},
                                   false, 22809)
             .empty());
-  CHECK(mirror::mpi::gpu_conflict(std::vector<gpu_claim>{{"n", "", {"0000:41:00.0", "0000:42:00.0"}, 4, false},
-                                                         {"n", "", {"0000:43:00.0", "0000:44:00.0"}, 4, false}},
+  CHECK(mirror::mpi::gpu_conflict(std::vector<gpu_claim>{{"n", "", {"0000:41:00.0", "0000:42:00.0"}, 4},
+                                                         {"n", "", {"0000:43:00.0", "0000:44:00.0"}, 4}},
                                   false, 22809)
             .empty());
   // The same NCCL_HOSTID on one host is one host to NCCL: refused.
   const std::string why = mirror::mpi::gpu_conflict(
-      std::vector<gpu_claim>{{"n", "x", {"0000:41:00.0", "0000:42:00.0"}, 4, false},
-                             {"n", "x", {"0000:43:00.0", "0000:42:00.0"}, 4, false}},
+      std::vector<gpu_claim>{{"n", "x", {"0000:41:00.0", "0000:42:00.0"}, 4},
+                             {"n", "x", {"0000:43:00.0", "0000:42:00.0"}, 4}},
       false, 22809);
   CHECK_THAT(why, Catch::Contains("workers 0 and 1, both on host n, NCCL_HOSTID x"));
   CHECK_THAT(why, Catch::Contains("PCI 0000:42:00.0"));
