@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <mirror/backend/cut_of.hpp>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
 #include <mirror/detail/agreement_check.hpp>  // site_text
@@ -26,6 +27,14 @@
 #include <mirror/synced.hpp>
 
 namespace mirror {
+
+/// The tag of the reduce-scatter form of `ctx.gradient_buckets` (`mirror::sharded`), whose
+/// buckets a variable's `update_sharded` takes.
+struct sharded_t {
+  explicit sharded_t() = default;
+};
+/// `ctx.gradient_buckets(op, grads, bytes, mirror::sharded)`: each bucket reduce-scatters.
+inline constexpr sharded_t sharded{};
 
 namespace detail {
 /// The first leaf type among Ls that lives in GPU memory and holds E; void if none.
@@ -50,15 +59,19 @@ struct bucket_leaf<T, E, type_list<Ls...>> {
   using type = std::conditional_t<std::is_void_v<device>, std::span<E>, device>;  ///< the bucket's leaf
 };
 
-template <class T, class Types = element_types_t<T>>
+template <class T, bool Sharded, class Types = element_types_t<T>>
 struct bucket_storage;
-template <class T, class... Es>
-struct bucket_storage<T, type_list<Es...>> {
+template <class T, bool Sharded, class... Es>
+struct bucket_storage<T, Sharded, type_list<Es...>> {
+  /// What a bucket's collective of element type E gives: the all-reduced span, or this
+  /// replica's cut of it.
+  template <class E>
+  using result = std::conditional_t<Sharded, typename bucket_leaf<T, E>::type, Synced<typename bucket_leaf<T, E>::type>>;
   /// Per element type: the handle of each bucket of that type (indexed by bucket).
-  using pending = std::tuple<std::vector<std::optional<Pending<Synced<typename bucket_leaf<T, Es>::type>>>>...>;
-  /// Per element type: how a bucket's all-reduce is started on the replica's context.
-  using starters = std::tuple<Pending<Synced<typename bucket_leaf<T, Es>::type>> (*)(
-      void*, ReduceOp, Es*, std::size_t, const mirror::source_location&)...>;
+  using pending = std::tuple<std::vector<std::optional<Pending<result<Es>>>>...>;
+  /// Per element type: how a bucket's collective is started on the replica's context.
+  using starters = std::tuple<Pending<result<Es>> (*)(void*, ReduceOp, Es*, std::size_t,
+                                                      const mirror::source_location&)...>;
   /// Per element type: the packed buffers of the buckets of several leaves.
   using staging = std::tuple<std::vector<Es>...>;
 };
@@ -92,9 +105,21 @@ struct bucket_storage<T, type_list<Es...>> {
 /// `fn` returns) and leaves `grads` as it was where leaves were packed.
 /// **Allocation**: the packed buffers are kept by the replica's thread and reused by the next
 /// object of the same nest type with the same plan, so a training loop allocates them once.
-template <class T>
+///
+/// **The sharded form** (`Sharded`, from `ctx.gradient_buckets(op, grads, bytes,
+/// mirror::sharded)`): each bucket is reduce-scattered instead (`reduce_scatter_async`), so that
+/// after `finish()` this replica's cut of every leaf (the batch-split rule over the replicas, as
+/// `ctx.reduce_scatter`) holds the reduced gradient's cut, and the rest of each leaf is
+/// unspecified; a variable's `update_sharded(step, buckets, states...)` takes the object and
+/// finishes it. A bucket of one leaf is reduced in place; a bucket of several is packed
+/// replica by replica (every leaf's cut 0, zero-padded to its largest cut, then every leaf's cut
+/// 1, ...), so one reduce-scatter hands each replica its cut of every leaf, and a replica copies
+/// back only its own cuts. Results are bitwise those of `ctx.reduce_scatter(op, span)` of that
+/// packed span (for one leaf: of the leaf). GPU leaves are never packed: there, each bucket is
+/// one leaf.
+template <class T, bool Sharded>
 class GradientBuckets {
-  using storage = detail::bucket_storage<T>;
+  using storage = detail::bucket_storage<T, Sharded>;
 
  public:
   GradientBuckets(const GradientBuckets&) = delete;
@@ -126,11 +151,25 @@ class GradientBuckets {
   /// `grads`. Throws the first bucket's error (every bucket still completes first). When every
   /// leaf of `grads` is a view (`std::span`), also returns those views as `Synced<T>`, which a
   /// variable's `update` takes (a nest with owning leaves returns nothing: copying them would
-  /// cost what the buckets saved).
+  /// cost what the buckets saved). The sharded form returns, for view leaves, a plain `T` whose
+  /// leaves view this replica's cuts, as `ctx.reduce_scatter` returns.
   auto finish() {
     wait_all();
     if constexpr (all_views()) {
-      return detail::access::synced(T(*grads_));
+      if constexpr (Sharded) {
+        T cuts(*grads_);
+        detail::for_each_leaf(
+            [&](auto& l) {
+              using L = std::remove_cvref_t<decltype(l)>;
+              const auto e = leaf_traits<L>::elements(l);
+              const auto cut = backend::cut_of(e.size(), replicas_, replica_);
+              l = L(e.data() + cut.first, cut.second);
+            },
+            cuts);
+        return cuts;
+      } else {
+        return detail::access::synced(T(*grads_));
+      }
     }
   }
 
@@ -138,6 +177,12 @@ class GradientBuckets {
   std::size_t num_buckets() const noexcept { return buckets_.size(); }
   /// The bucket of leaf `i` (0 holds the last leaves).
   std::size_t bucket_of(std::size_t i) const { return leaves_.at(i).bucket; }
+  /// Whether `finish()` has been called.
+  bool finished() const noexcept { return finished_; }
+  /// The nest the buckets reduce.
+  const T& grads() const noexcept { return *grads_; }
+  /// Where `ctx.gradient_buckets` was called (errors name it).
+  const mirror::source_location& where() const noexcept { return where_; }
 
  private:
   static constexpr bool on_device() { return detail::has_device_leaf<T>(); }
@@ -208,10 +253,16 @@ class GradientBuckets {
     std::size_t first, last;  // leaves [first, last], in nest order
     unsigned type;
     std::size_t remaining;    // leaves not ready yet
-    std::size_t elements;
+    std::size_t elements;     // the leaves' elements
     std::size_t offset;       // in the type's staging (packed buckets)
     bool packed;              // several leaves: packed into staging
+    std::size_t block;        // sharded and packed: one replica's block (every leaf's largest cut)
   };
+  // The elements bucket B's collective covers: its leaves' (an all-reduce, or one leaf), or a
+  // block per replica (a packed sharded bucket).
+  std::size_t span_of(const bucket& B) const noexcept {
+    return Sharded && B.packed ? B.block * static_cast<std::size_t>(replicas_) : B.elements;
+  }
 
   template <class E>
   static constexpr unsigned index_of() {
@@ -230,7 +281,12 @@ class GradientBuckets {
 
   template <class Context>
   GradientBuckets(Context& ctx, ReduceOp op, T& grads, std::size_t bucket_bytes, const mirror::source_location& where)
-      : context_(&ctx), op_(op), where_(where), grads_(&grads) {
+      : context_(&ctx),
+        op_(op),
+        where_(where),
+        grads_(&grads),
+        replicas_(ctx.num_replicas_in_sync()),
+        replica_(ctx.replica_id_in_sync_group()) {
     static_assert(!on_device() || all_on_device(),
                   "mirror::ReplicaContext::gradient_buckets(op, grads, bytes): grads mixes leaves in GPU memory with "
                   "host leaves; pass a nest of one kind (GPU buckets are never packed, host ones may be)");
@@ -245,7 +301,11 @@ class GradientBuckets {
     [&]<class... Es>(detail::type_list<Es...>) {
       starters_ = {+[](void* c, ReduceOp o, Es* data, std::size_t n, const mirror::source_location& w) {
         using L = typename detail::bucket_leaf<T, Es>::type;
-        return static_cast<Context*>(c)->all_reduce_async(o, L{data, n}, w);
+        if constexpr (Sharded) {
+          return static_cast<Context*>(c)->reduce_scatter_async(o, L{data, n}, w);
+        } else {
+          return static_cast<Context*>(c)->all_reduce_async(o, L{data, n}, w);
+        }
       }...};
     }(detail::element_types_t<T>{});
     plan(bucket_bytes);
@@ -270,20 +330,32 @@ class GradientBuckets {
         b.elements += leaves_[k].count;
         leaves_[k].bucket = buckets_.size();
         ++b.remaining;
-      } while (k > 0 && bytes < bucket_bytes && leaves_[k - 1].type == b.type &&
-               (!on_device() || adjacent(k - 1, k)));
+      } while (k > 0 && bytes < bucket_bytes && leaves_[k - 1].type == b.type && joins(k - 1, k));
       b.first = k;
       // Leaves that lie one after another in memory (a flat gradient buffer cut into layers, as
-      // DDP's bucket views are) are reduced in place as one span: nothing to pack.
-      b.packed = false;
+      // DDP's bucket views are) are all-reduced in place as one span: nothing to pack. A
+      // reduce-scatter cuts each leaf, not their concatenation: several leaves are packed.
+      b.packed = Sharded ? b.first != b.last : false;
       for (std::size_t j = b.first; j < b.last && !b.packed; ++j) b.packed = !adjacent(j, j + 1);
       if (b.packed) {
+        b.block = 0;
+        for (std::size_t j = b.first; j <= b.last; ++j) b.block += backend::cut_of(leaves_[j].count, replicas_, 0).second;
         b.offset = staged[b.type];
-        staged[b.type] += b.elements;
+        staged[b.type] += span_of(b);
       }
       buckets_.push_back(b);
     }
     staged_ = std::move(staged);
+  }
+
+  // Whether leaf j may join the bucket of leaf `next` (j + 1): GPU leaves only where no packing
+  // is needed (adjacent leaves of an all-reduce).
+  bool joins(std::size_t j, std::size_t next) const noexcept {
+    if constexpr (on_device()) {
+      return !Sharded && adjacent(j, next);
+    } else {
+      return true;
+    }
   }
 
   // Leaf j's elements end where leaf j + 1's begin (same element type).
@@ -304,21 +376,50 @@ class GradientBuckets {
       E* data = static_cast<E*>(leaves_[B.first].data);  // one leaf, or adjacent ones
       if (B.packed) {
         E* const out = std::get<index_of<E>()>(*staging_).data() + B.offset;
-        std::size_t at = 0;
-        for (std::size_t k = B.first; k <= B.last; ++k) {
-          if (leaves_[k].count != 0) std::memcpy(out + at, leaves_[k].data, leaves_[k].count * sizeof(E));
-          at += leaves_[k].count;
+        if constexpr (Sharded) {
+          pack_by_replica(B, out);
+        } else {
+          std::size_t at = 0;
+          for (std::size_t k = B.first; k <= B.last; ++k) {
+            if (leaves_[k].count != 0) std::memcpy(out + at, leaves_[k].data, leaves_[k].count * sizeof(E));
+            at += leaves_[k].count;
+          }
         }
         data = out;
       }
       std::get<index_of<E>()>(pending_)[b].emplace(
-          std::get<index_of<E>()>(starters_)(context_, op_, data, B.elements, where_));
+          std::get<index_of<E>()>(starters_)(context_, op_, data, span_of(B), where_));
     });
+  }
+
+  // The sharded form's packing: block q holds every leaf's cut q, each zero-padded to the
+  // leaf's largest cut, so that the packed span's cut q (of B.block elements) is block q.
+  template <class E>
+  void pack_by_replica(const bucket& B, E* out) const {
+    for (int q = 0; q < replicas_; ++q) {
+      for (std::size_t k = B.first; k <= B.last; ++k) {
+        const auto cut = backend::cut_of(leaves_[k].count, replicas_, q);
+        const std::size_t width = backend::cut_of(leaves_[k].count, replicas_, 0).second;
+        if (cut.second != 0) std::memcpy(out, static_cast<const E*>(leaves_[k].data) + cut.first, cut.second * sizeof(E));
+        for (std::size_t i = cut.second; i < width; ++i) out[i] = E{};
+        out += width;
+      }
+    }
   }
 
   void unpack(const bucket& B) {
     with_type(B.type, [&]<class E>() {
       const E* in = std::get<index_of<E>()>(*staging_).data() + B.offset;
+      if constexpr (Sharded) {
+        // Only this replica's block holds results: its cut of each leaf.
+        in += B.block * static_cast<std::size_t>(replica_);
+        for (std::size_t k = B.first; k <= B.last; ++k) {
+          const auto cut = backend::cut_of(leaves_[k].count, replicas_, replica_);
+          if (cut.second != 0) std::memcpy(static_cast<E*>(leaves_[k].data) + cut.first, in, cut.second * sizeof(E));
+          in += backend::cut_of(leaves_[k].count, replicas_, 0).second;
+        }
+        return;
+      }
       for (std::size_t k = B.first; k <= B.last; ++k) {
         if (leaves_[k].count != 0) std::memcpy(leaves_[k].data, in, leaves_[k].count * sizeof(E));
         in += leaves_[k].count;
@@ -361,6 +462,8 @@ class GradientBuckets {
   ReduceOp op_;
   mirror::source_location where_;
   T* grads_;
+  int replicas_;  // num_replicas_in_sync: the parts a reduce-scatter cuts
+  int replica_;   // replica_id_in_sync_group: this replica's cut
   std::vector<leaf> leaves_;
   std::vector<bucket> buckets_;
   std::vector<std::size_t> staged_;  // per element type: the packed buffers' elements

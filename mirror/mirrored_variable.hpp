@@ -19,6 +19,7 @@
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/variable_value_checks.hpp>
 #include <mirror/backend/cut_of.hpp>
+#include <mirror/gradient_buckets.hpp>
 #include <mirror/reduce_op.hpp>
 #include <mirror/error.hpp>
 #include <mirror/synced.hpp>
@@ -125,6 +126,43 @@ class MirroredVariable {
     /// the bytes of one all-reduce, with 1/N of the optimiser's work on each replica.
     template <class Step, class Grads, class... States>
     void update_sharded(Step&& step, detail::sited<ReduceOp> op, const Grads& grads, States&... states) {
+      check_sharded("update_sharded", op.where, grads, states...);
+      const Grads reduced = ctx_->reduce_scatter(op.value, grads, op.where);
+      step_cuts(step, reduced, states...);
+      ctx_->gather_cuts(*copy_, op.where);
+    }
+
+    /// `update_sharded` with a gradient already reduce-scattered during the backward pass:
+    /// `buckets` (`ctx.gradient_buckets(op, grads, bytes, mirror::sharded)`, every leaf a
+    /// `std::span`) is finished here, then steps 2 and 3 run as above. The same bits as
+    /// `update_sharded(step, op, grads, states...)` where every bucket holds one leaf.
+    /// **Errors**: as above, named at the `gradient_buckets` call; a `shape_error` leaves the
+    /// variable as it was (the buckets already started complete as the object is destroyed);
+    /// `mirror::error` when `buckets.finish()` was already called (this call finishes them).
+    template <class Step, class Grads, class... States>
+    void update_sharded(Step&& step, GradientBuckets<Grads, true>& buckets, States&... states) {
+      static_assert([]<class... Ls>(detail::type_list<Ls...>) {
+                      return (true && ... && leaf_traits<Ls>::is_view);
+                    }(detail::leaf_types_t<Grads>{}),
+                    "mirror::MirroredVariable::handle::update_sharded(step, buckets, states...): the buckets' "
+                    "gradient leaves must be std::span views, whose cuts the step reads in place");
+      if (buckets.finished()) {
+        throw error(detail::format("%s: the buckets were already finished; pass them unfinished, as "
+                                   "update_sharded finishes them",
+                                   where("update_sharded", buckets.where()).c_str()));
+      }
+      check_sharded("update_sharded", buckets.where(), buckets.grads(), states...);
+      const Grads reduced = buckets.finish();
+      step_cuts(step, reduced, states...);
+      ctx_->gather_cuts(*copy_, buckets.where());
+    }
+
+   private:
+    /// update_sharded's shape checks, before anything changes: every gradient leaf has its
+    /// variable leaf's length, every state leaf this replica's cut of it.
+    template <class Grads, class... States>
+    void check_sharded(const char* api, const mirror::source_location& at, const Grads& grads,
+                       const States&... states) const {
       const int n = ctx_->num_replicas_in_sync(), r = ctx_->replica_id_in_sync_group();
       detail::for_each_type(detail::element_types_t<T>{}, [&]<class E>() {
         static_assert(detail::leaf_count<Grads, E>() == detail::leaf_count<T, E>() &&
@@ -138,7 +176,7 @@ class MirroredVariable {
           if (g[j].size() != params[j].size()) {
             throw shape_error(detail::format("%s: gradient leaf %zu has %zu elements but the variable's has %zu; "
                                              "pass the gradient of the whole variable",
-                                             where("update_sharded", op.where).c_str(), j, g[j].size(), params[j].size()));
+                                             where(api, at).c_str(), j, g[j].size(), params[j].size()));
           }
           std::size_t index = 0;
           const auto check_state = [&](auto& state) {
@@ -147,7 +185,7 @@ class MirroredVariable {
               throw shape_error(detail::format("%s: state %zu leaf %zu has %zu elements but this replica's cut of "
                                                "the variable's leaf has %zu; make the state with "
                                                "mirror::cut_for_replica",
-                                               where("update_sharded", op.where).c_str(), index, j, s[j].size(), cut));
+                                               where(api, at).c_str(), index, j, s[j].size(), cut));
             }
             ++index;
           };
@@ -155,7 +193,12 @@ class MirroredVariable {
           (void)check_state;  // (no states: an empty fold)
         }
       });
-      const Grads reduced = ctx_->reduce_scatter(op.value, grads, op.where);
+    }
+
+    /// update_sharded's step 2: `step` on this replica's cut of every leaf.
+    template <class Step, class Grads, class... States>
+    void step_cuts(Step& step, const Grads& reduced, States&... states) {
+      const int n = ctx_->num_replicas_in_sync(), r = ctx_->replica_id_in_sync_group();
       detail::for_each_type(detail::element_types_t<T>{}, [&]<class E>() {
         auto params = detail::leaves_of<E>(*copy_);
         const auto g = detail::leaves_of<E>(reduced);
@@ -167,10 +210,8 @@ class MirroredVariable {
           std::apply([&](const auto&... state) { step(mine, std::span<const E>(g[j]), state[j]...); }, s);
         }
       });
-      ctx_->gather_cuts(*copy_, op.where);
     }
 
-   private:
     detail::message where(const char* api, const mirror::source_location& at) const {
       return detail::format("mirror::MirroredVariable::handle::%s at %s (replica %d)", api,
                             detail::site_text(at).c_str(), ctx_->replica_id_in_sync_group());

@@ -14,7 +14,7 @@
 namespace mirror {
 
 template <class> class ReplicaContext;
-template <class> class GradientBuckets;
+template <class T, bool Sharded = false> class GradientBuckets;
 
 namespace detail {
 /// A started collective that produces an `R` when it completes.
@@ -89,7 +89,7 @@ class Pending {
 
  private:
   template <class> friend class ReplicaContext;
-  template <class> friend class GradientBuckets;
+  template <class, bool> friend class GradientBuckets;
   /// A collective that completed as it started: its result.
   explicit Pending(R value) : value_(std::move(value)) {}
   /// A collective in flight, listed in `queue`.

@@ -413,6 +413,14 @@ class ReplicaContext {
                                       mirror::source_location where = mirror::source_location::current()) {
     return GradientBuckets<T>(*this, op, grads, bucket_bytes, where);
   }
+
+  /// The same buckets, reduce-scattered: afterwards this replica's cut of each leaf holds the
+  /// reduced gradient's cut, for a variable's `update_sharded(step, buckets, states...)`.
+  template <nest T>
+  GradientBuckets<T, true> gradient_buckets(ReduceOp op, T& grads, std::size_t bucket_bytes, sharded_t,
+                                            mirror::source_location where = mirror::source_location::current()) {
+    return GradientBuckets<T, true>(*this, op, grads, bucket_bytes, where);
+  }
   ///@}
 
   /// Runs `fn(strategy, PerReplica<Args>...)` once, in cross-replica context, with every
@@ -499,7 +507,7 @@ class ReplicaContext {
   }
 
   using collectives_type = detail::replica_collectives<typename Strategy::runtime_type, typename Strategy::ops_type>;
-  template <class> friend class GradientBuckets;
+  template <class, bool> friend class GradientBuckets;
 
   /// An all_reduce_async in flight where the ops policy starts it (collectives_type::starts_all_reduce):
   /// the nest (its owning leaves live here until wait()) and each element type's started part.

@@ -82,8 +82,7 @@ struct Options {
   std::size_t limit = 0;  // 0: the whole training set
   std::string device = "threads";
   std::string timeline;  // --timeline FILE: the strategy's timeline (docs/debugging.md)
-  double overlap_mib = -1;  // --overlap MIB: bucketed all-reduce during backward (< 0: off)
-  bool optimizer_given = false;
+  double overlap_mib = -1;  // --overlap MIB: bucketed reduction during backward (< 0: off)
 };
 
 constexpr const char* usage_text =
@@ -96,8 +95,9 @@ constexpr const char* usage_text =
     "  --seed N          initial weights and shuffling (default 1)\n"
     "  --policy P        all-reduce algorithm: default, reduction_to_one_device, hierarchical_copy\n"
     "  --optimizer O     sharded (default): each replica steps 1/N of the model and keeps 1/N of the\n"
-    "                    momentum (reduce_scatter + all_gather, MirroredVariable::handle::update_sharded);\n"
-    "                    replicated: every replica steps the whole model after an all-reduce (CPU devices)\n"
+    "                    momentum (reduce_scatter + all_gather, MirroredVariable::handle::update_sharded)\n"
+    "                    (CPU devices); replicated: every replica steps the whole model after an\n"
+    "                    all-reduce (the only one on cuda)\n"
     "  --data DIR        folder of the IDX files (default /usr/share/datasets/fashion-mnist,\n"
     "                    from Debian's dataset-fashion-mnist package)\n"
     "  --limit N         train on the first N training images only (default: all)\n"
@@ -108,10 +108,11 @@ constexpr const char* usage_text =
     "                    auto: cuda when a GPU is visible, else threads; cluster: one worker of\n"
     "                    devices::Cluster<Threads>, launched with mpirun -np W (MPI builds; --replicas\n"
     "                    is per worker, policy default)\n"
-    "  --overlap MIB     all-reduce the gradients in buckets of MIB MiB (0: one per buffer) that start\n"
-    "                    during the backward pass, layer by layer (ctx.gradient_buckets; selects\n"
-    "                    --optimizer replicated; on cuda the buckets are runs of the one gradient\n"
-    "                    array, each reduced in place on the replica's communication stream)\n"
+    "  --overlap MIB     reduce the gradients in buckets of MIB MiB (0: one per buffer) that start\n"
+    "                    during the backward pass, layer by layer (ctx.gradient_buckets: all-reduced\n"
+    "                    for --optimizer replicated, reduce-scattered for sharded; on cuda the buckets\n"
+    "                    are runs of the one gradient array, each all-reduced in place on the\n"
+    "                    replica's communication stream)\n"
     "  --timeline FILE   write a timeline of the training to FILE, a Chrome trace that Perfetto and\n"
     "                    chrome://tracing open (each worker of a cluster: FILE.worker<w>.json)\n";
 
@@ -167,7 +168,6 @@ Options parse(int argc, char** argv) {
       }
     } else if (a == "--optimizer") {
       o.optimizer = v;
-      o.optimizer_given = true;
       if (o.optimizer != "sharded" && o.optimizer != "replicated") usage_error("unknown --optimizer '" + o.optimizer + "'");
     } else if (a == "--data") {
       o.data = v;
@@ -195,13 +195,6 @@ Options parse(int argc, char** argv) {
     } else {
       usage_error("unknown option '" + std::string(a) + "'");
     }
-  }
-  if (o.overlap_mib >= 0) {
-    if (o.optimizer_given && o.optimizer != "replicated") {
-      usage_error("--overlap buckets the all-reduce of --optimizer replicated; the sharded optimizer's "
-                  "reduce-scatter has no bucketed form yet");
-    }
-    o.optimizer = "replicated";
   }
   return o;
 }
@@ -322,19 +315,29 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
     }
     return std::pair{std::move(losses), std::move(correct)};
   };
-  auto sharded_step = [momentum = o.momentum](auto&, const Batch& batch, auto& params, fm::Params& velocity,
-                                              fm::Workspace& w, const StepInfo& info) {
+  auto sharded_step = [momentum = o.momentum, overlap = o.overlap_mib >= 0, bucket_bytes](
+                          auto& ctx, const Batch& batch, auto& params, fm::Params& velocity, fm::Workspace& w,
+                          const StepInfo& info) {
     const std::size_t n = batch.labels.size();
     std::vector<float> losses(n), correct(n);
-    w.forward_backward(params.value(), batch.images, batch.labels, info.global_rows, losses, correct);
-    // The gradient is reduce-scattered in place (one fused collective over the six buffers),
-    // each replica steps its cut of the parameters with its cut of the momentum, and the cuts
-    // are all-gathered into every replica's copy.
-    params.update_sharded(
-        [&](std::span<float> p, std::span<const float> g, std::span<float> v) {
-          fm::momentum_step(p, v, g, info.lr, momentum);
-        },
-        mirror::ReduceOp::sum, w.grads(), velocity);
+    const auto step = [&](std::span<float> p, std::span<const float> g, std::span<float> v) {
+      fm::momentum_step(p, v, g, info.lr, momentum);
+    };
+    if (overlap) {
+      // Each layer's buffers are reduce-scattered in buckets started during backward; then, as
+      // below, each replica steps its cut and the cuts are all-gathered.
+      fm::ParamSpans spans = w.grads();
+      auto buckets = ctx.gradient_buckets(mirror::ReduceOp::sum, spans, bucket_bytes, mirror::sharded);
+      w.forward_backward(params.value(), batch.images, batch.labels, info.global_rows, losses, correct,
+                         [&](std::size_t leaf) { buckets.ready(leaf); });
+      params.update_sharded(step, buckets, velocity);
+    } else {
+      w.forward_backward(params.value(), batch.images, batch.labels, info.global_rows, losses, correct);
+      // The gradient is reduce-scattered in place (one fused collective over the six buffers),
+      // each replica steps its cut of the parameters with its cut of the momentum, and the cuts
+      // are all-gathered into every replica's copy.
+      params.update_sharded(step, mirror::ReduceOp::sum, w.grads(), velocity);
+    }
     return std::pair{std::move(losses), std::move(correct)};
   };
   const auto step_on = [&](const auto& per_replica, const StepInfo& info) {
@@ -640,7 +643,8 @@ int main(int argc, char** argv) {
     if (gemm.empty()) gemm = configure_gemm();
     std::printf("fashion_mnist: %zu training and %zu test images from %s; MLP 784-256-128-10, SGD momentum %.2g (%s), "
                 "lr %g (cosine), global batch %zu on %d replica%s (%s), policy %s, seed %llu%s; %s\n",
-                train.rows, test.rows, o.data.c_str(), double(o.momentum), o.optimizer.c_str(), double(o.lr), o.batch_size, o.replicas,
+                train.rows, test.rows, o.data.c_str(), double(o.momentum),
+                o.device == "cuda" ? "replicated" : o.optimizer.c_str(), double(o.lr), o.batch_size, o.replicas,
                 o.replicas == 1 ? "" : "s", where.c_str(), policy.c_str(), static_cast<unsigned long long>(o.seed),
                 overlap_text(o).c_str(), gemm.c_str());
     std::fflush(stdout);

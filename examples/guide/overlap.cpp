@@ -5,6 +5,7 @@
 #include "check.hpp"
 #include <cstddef>
 #include <cstdio>
+#include <algorithm>
 #include <span>
 #include <tuple>
 #include <vector>
@@ -57,6 +58,35 @@ int main() {
     });
     // [/buckets]
     for (const float s : sums) check(s == 12.0f, "buckets");
+  }
+  {
+    auto weights = strategy.make_variable(std::tuple{std::vector<float>(10, 1.0f), std::vector<float>(3, 1.0f)});
+    // [sharded]
+    // The sharded optimiser step with its gradient reduce-scattered during backward: each
+    // replica keeps the momentum of its cut only, and the buckets leave it the reduced cuts.
+    auto velocity = strategy.distribute_values_from_function([](const mirror::ValueContext& c) {
+      return mirror::cut_for_replica(std::tuple{std::vector<float>(10), std::vector<float>(3)}, c);
+    });
+    using Velocity = std::tuple<std::vector<float>, std::vector<float>>;
+    strategy.run([](auto& ctx, auto& w, Velocity& v) {
+      std::vector<float> g0(10), g1(3);
+      auto grads = std::tuple{std::span<float>(g0), std::span<float>(g1)};
+      auto buckets = ctx.gradient_buckets(mirror::ReduceOp::mean, grads, 0, mirror::sharded);
+      std::fill(g1.begin(), g1.end(), 4.0f);        // backward: the last layer first...
+      buckets.ready(1);                             // ...whose cuts start reduce-scattering now
+      std::fill(g0.begin(), g0.end(), 2.0f);
+      buckets.ready(0);
+      w.update_sharded([](std::span<float> param, std::span<const float> grad, std::span<float> vel) {
+        for (std::size_t i = 0; i < param.size(); ++i) {
+          vel[i] = 0.9f * vel[i] + grad[i];
+          param[i] -= 0.25f * vel[i];
+        }
+      }, buckets, v);                               // finishes the buckets, steps, all-gathers
+    }, weights, velocity);
+    // [/sharded]
+    for (const auto& c : Strategy::local_results(weights)) {
+      check(std::get<0>(c)[9] == 0.5f && std::get<1>(c)[0] == 0.0f, "sharded buckets");
+    }
   }
   return guide::result("overlap");
 }

@@ -6,9 +6,10 @@ replica count learns (issue 6): run_fashion_mnist_cluster.py BINARY DATA_DIR RUN
 Runs a short training (1 epoch, 6000 images) twice: one process with --replicas 2, and
 `run_mpi.sh 2 BINARY --device cluster --replicas 1` (devices::Cluster<Threads>, 2 workers x 1).
 Their epoch line (loss, train accuracy) and test accuracy must be equal: the gradient sum is
-g0 + g1 in both, and every other step is the same arithmetic. Then the replicated optimizer with
-and without --overlap (gradient buckets started during backward), on one process and on two
-workers: the same four lines, since a bucket's all-reduce gives each element the bits the fused
+g0 + g1 in both, and every other step is the same arithmetic. Then --overlap (gradient buckets
+started during backward) on one process and on two workers: with the sharded optimizer (buckets
+reduce-scattered) the lines of the runs without it, and with the replicated optimizer (buckets
+all-reduced) four equal lines, since a bucket's collective gives each element the bits the fused
 one does. Exit 77 (skipped, loudly) without the data set or without mpirun.
 """
 import os
@@ -60,13 +61,25 @@ def main(binary, data_dir, run_mpi):
     if float(two[1]) < 0.70:
         print(f'FAIL: test accuracy {two[1]}: the model does not learn')
         return 1
+    # The sharded optimizer with its gradient reduce-scattered in buckets during backward
+    # learns the same as without them.
+    sharded = {
+        'one process, sharded, --overlap 0.25': run([binary, '--replicas', '2', '--overlap', '0.25'] + common),
+        'two workers, sharded, --overlap 0': run(['sh', run_mpi, '2', binary, '--device', 'cluster', '--replicas', '1',
+                                                  '--overlap', '0'] + common),
+    }
+    for name, r in sharded.items():
+        print(f'{name}: loss, train accuracy {r[0]}, test accuracy {r[1]}')
+    if any(r != one for r in sharded.values()):
+        print('FAIL: --overlap changed what the sharded optimizer learns')
+        return 1
     replicated = common + ['--optimizer', 'replicated']
     runs = {
         'one process, replicated': run([binary, '--replicas', '2'] + replicated),
-        'one process, --overlap 0.25': run([binary, '--replicas', '2', '--overlap', '0.25'] + common),
+        'one process, replicated, --overlap 0.25': run([binary, '--replicas', '2', '--overlap', '0.25'] + replicated),
         'two workers, replicated': run(['sh', run_mpi, '2', binary, '--device', 'cluster', '--replicas', '1'] + replicated),
-        'two workers, --overlap 0': run(['sh', run_mpi, '2', binary, '--device', 'cluster', '--replicas', '1',
-                                         '--overlap', '0'] + common),
+        'two workers, replicated, --overlap 0': run(['sh', run_mpi, '2', binary, '--device', 'cluster', '--replicas',
+                                                     '1', '--overlap', '0'] + replicated),
     }
     for name, r in runs.items():
         print(f'{name}: loss, train accuracy {r[0]}, test accuracy {r[1]}')

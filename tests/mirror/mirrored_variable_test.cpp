@@ -7,6 +7,7 @@
 #include "support/reference.hpp"
 #include <span>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 #include <mirror/mirror.hpp>
 
@@ -247,6 +248,101 @@ TEST_CASE("update_sharded refuses a gradient or a state of the wrong length befo
           p, whole),
       mirror::shape_error, mirror::test::what(Catch::Contains("cut_for_replica")));
   for (const Model& c : S::local_results(p)) REQUIRE(c == init);  // nothing changed
+}
+
+TEST_CASE("update_sharded with sharded gradient buckets gives the bits of update_sharded, any bucket cap",
+          "[variables][mirrored][sharded][async]") {
+  // Four leaves: w ragged for every count, d of another element type, a short float leaf (empty
+  // cuts at R = 7) and an empty one; caps that put one leaf per bucket, and several.
+  const std::size_t nw = 1009, nd = 5;
+  using Grads = std::tuple<std::span<float>, std::span<double>, std::span<float>, std::span<float>>;
+  for (const int R : {1, 2, 3, 7}) {
+    for (const std::size_t cap : {std::size_t{0}, std::size_t{64}, std::size_t{1} << 20}) {
+      CAPTURE(R, cap);
+      S s{{.replicas = R}};
+      const auto init = std::tuple{std::vector<float>(nw, 0.5f), std::vector<double>(nd, -1.0), std::vector<float>(3, 2.0f),
+                                   std::vector<float>{}};
+      auto bucketed = s.make_variable(init);
+      auto plain = s.make_variable(init);
+      const auto zeros = std::tuple{std::vector<float>(nw), std::vector<double>(nd), std::vector<float>(3),
+                                    std::vector<float>{}};
+      auto make_state = [&] {
+        return s.distribute_values_from_function(
+            [&](const mirror::ValueContext& c) { return mirror::cut_for_replica(zeros, c); });
+      };
+      auto vel_bucketed = make_state();
+      auto vel_plain = make_state();
+      const auto step = [](auto param, auto grad, auto v) {
+        for (std::size_t i = 0; i < param.size(); ++i) {
+          v[i] = 0.9f * v[i] + grad[i];
+          param[i] -= 0.05f * v[i];
+        }
+      };
+      using State = std::remove_cvref_t<decltype(zeros)>;
+      for (int t = 0; t < 2; ++t) {
+        s.run(
+            [&, t](auto& ctx, auto& p, State& v, auto& q, State& w) {
+              const int r = ctx.replica_id_in_sync_group();
+              auto gw = grad_w(r, t, nw), gw2 = gw;
+              auto gd = grad_d(r, t, nd), gd2 = gd;
+              auto gs = grad_w(r + 5, t, 3), gs2 = gs;
+              std::vector<float> ge;
+              Grads grads{std::span<float>(gw), std::span<double>(gd), std::span<float>(gs), std::span<float>(ge)};
+              auto buckets = ctx.gradient_buckets(ReduceOp::mean, grads, cap, mirror::sharded);
+              for (const std::size_t i : {std::size_t{3}, std::size_t{2}, std::size_t{1}, std::size_t{0}}) buckets.ready(i);
+              p.update_sharded(step, buckets, v);
+              q.update_sharded(step, ReduceOp::mean,
+                               Grads{std::span<float>(gw2), std::span<double>(gd2), std::span<float>(gs2),
+                                     std::span<float>(ge)},
+                               w);
+            },
+            bucketed, vel_bucketed, plain, vel_plain);
+      }
+      for (const auto& c : S::local_results(bucketed)) {
+        REQUIRE(mirror::test::same_bits(std::get<0>(c).data(), std::get<0>(plain.value()).data(), nw));
+        REQUIRE(mirror::test::same_bits(std::get<1>(c).data(), std::get<1>(plain.value()).data(), nd));
+        REQUIRE(mirror::test::same_bits(std::get<2>(c).data(), std::get<2>(plain.value()).data(), 3));
+      }
+      REQUIRE(std::get<0>(plain.value())[0] != 0.5f);  // it moved
+    }
+  }
+}
+
+TEST_CASE("update_sharded with buckets: finished buckets and wrong lengths are refused, the variable unchanged",
+          "[variables][mirrored][sharded][async][errors]") {
+  S s{{.replicas = 2}};
+  const auto init = std::tuple{std::vector<float>(9, 1.0f), std::vector<double>(4, 2.0)};
+  auto p = s.make_variable(init);
+  auto velocity = s.distribute_values_from_function(
+      [&](const mirror::ValueContext& c) { return mirror::cut_for_replica(init, c); });
+  using State = std::remove_cvref_t<decltype(init)>;
+  const auto step = [](auto param, auto grad, auto v) {
+    for (std::size_t i = 0; i < param.size(); ++i) param[i] -= grad[i] + 0 * v[i];
+  };
+  REQUIRE_THROWS_MATCHES(s.run(
+                             [&](auto& ctx, auto& var, State& v) {
+                               std::vector<float> gw(9, 1.0f);
+                               std::vector<double> gd(4, 1.0);
+                               auto g = std::tuple{std::span<float>(gw), std::span<double>(gd)};
+                               auto b = ctx.gradient_buckets(ReduceOp::sum, g, 0, mirror::sharded);
+                               (void)b.finish();
+                               var.update_sharded(step, b, v);
+                             },
+                             p, velocity),
+                         mirror::error, mirror::test::what(Catch::Contains("already finished")));
+  // A gradient of another length than the variable's, on every replica (the buckets agree).
+  REQUIRE_THROWS_MATCHES(s.run(
+                             [&](auto& ctx, auto& var, State& v) {
+                               std::vector<float> gw(8, 1.0f);
+                               std::vector<double> gd(4, 1.0);
+                               auto g = std::tuple{std::span<float>(gw), std::span<double>(gd)};
+                               auto b = ctx.gradient_buckets(ReduceOp::sum, g, 0, mirror::sharded);
+                               b.ready(0);
+                               var.update_sharded(step, b, v);
+                             },
+                             p, velocity),
+                         mirror::shape_error, mirror::test::what(Catch::Contains("gradient leaf 0")));
+  for (const auto& c : S::local_results(p)) REQUIRE(c == init);  // nothing changed
 }
 
 TEST_CASE("a variable made by another strategy is rejected before any replica runs", "[variables][errors]") {
