@@ -181,42 +181,15 @@ class ReplicaContext {
   std::remove_cvref_t<T> reduce_scatter(ReduceOp op, T&& value,
                                         mirror::source_location where = mirror::source_location::current()) {
     using N = std::remove_cvref_t<T>;
-    static_assert([]<class... Ls>(detail::type_list<Ls...>) {
-                    return (true && ... && (leaf_traits<Ls>::rank == 1 && (leaf_traits<Ls>::resizable || leaf_traits<Ls>::is_view) &&
-                                            !detail::is_fixed_extent_span<Ls>::value));
-                  }(detail::leaf_types_t<N>{}),
-                  "mirror::ReplicaContext::reduce_scatter(op, value): every leaf must be 1-D and hold a cut of any "
-                  "length: std::vector or std::span (a scalar has nothing to cut, a std::array cannot change its "
-                  "length, a matrix is not 1-D: pass its elements as a std::span; a std::span<E, Extent> of a fixed "
-                  "extent cannot view a cut of another length: pass a std::span<E>)");
+    require_cuttable_leaves<N>();
     require_reachable_leaves<N>();
     const recorded in_recorder(*this);
-    constexpr std::size_t K = detail::leaf_count<N>();
     std::optional<N> copy;
     N& in = input_of(value, copy);
-    std::array<std::size_t, K> sizes{};
     N result{};
-    const int n = num_replicas_in_sync(), g = replica_id_in_sync_group();
-    std::size_t k = 0;
-    detail::for_each_leaf(
-        [&](auto& l, auto& out) {
-          using L = std::remove_cvref_t<decltype(l)>;
-          sizes[k] = leaf_traits<L>::elements(l).size();
-          const auto cut = backend::cut_of(sizes[k++], n, g);
-          if constexpr (leaf_traits<L>::is_view) {
-            out = L(leaf_traits<L>::elements(l).data() + cut.first, cut.second);
-          } else {
-            leaf_traits<L>::resize(out, cut.second);
-          }
-        },
-        in, result);
-    const detail::collective_header header =
-        make_header<N>(detail::collective_kind::reduce_scatter, static_cast<int>(op), sizes, where, 0, bytes_of(in));
-    const detail::collective_header* pending = &header;
-    detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
-      collectives_.template reduce_scatter_leaves<E>(self_, op, detail::leaves_of<E>(in),
-                                                     detail::leaves_of<E>(result), pending);
-      pending = nullptr;
+    for_each_scattered_type(op, in, result, where, [&]<class E>(const detail::collective_header* header) {
+      collectives_.template reduce_scatter_leaves<E>(self_, op, detail::leaves_of<E>(in), detail::leaves_of<E>(result),
+                                                     header);
     });
     return result;
   }
@@ -364,7 +337,8 @@ class ReplicaContext {
   ///
   /// **Progress**: on `devices::Cluster` (`ops::Hierarchical`), `all_reduce_async` does the
   /// local phase at the start and leaves the cross-worker step to the worker's communication
-  /// thread while `fn` goes on. On `devices::Cuda` with `ops::NcclAllReduce`, it enqueues NCCL's
+  /// thread while `fn` goes on; so does `reduce_scatter_async` with one local replica (with
+  /// several it completes in the start call). On `devices::Cuda` with `ops::NcclAllReduce`, it enqueues NCCL's
   /// work on the replica's communication stream and `wait()` makes the replica's stream wait for
   /// it (no host wait, as every collective there completes in stream order), so kernels enqueued
   /// in between run beside NCCL. Everywhere else, and for the other three forms, the collective
@@ -389,7 +363,12 @@ class ReplicaContext {
   template <nest T>
   Pending<std::remove_cvref_t<T>> reduce_scatter_async(
       ReduceOp op, T&& value, mirror::source_location where = mirror::source_location::current()) {
-    return Pending<std::remove_cvref_t<T>>(reduce_scatter(op, std::forward<T>(value), where));
+    using N = std::remove_cvref_t<T>;
+    if constexpr (collectives_type::starts_reduce_scatter) {
+      return start_reduce_scatter<N>(op, std::forward<T>(value), where);
+    } else {
+      return Pending<N>(reduce_scatter(op, std::forward<T>(value), where));
+    }
   }
 
   /// `all_gather(value, axis0)`, started.
@@ -545,6 +524,93 @@ class ReplicaContext {
           collectives_.template all_reduce_start<E>(self_, op, detail::leaves_of<E>(result), header);
     });
     return Pending<Synced<N>>(std::move(started), async_);
+  }
+
+  /// A reduce_scatter_async in flight where the ops policy starts it
+  /// (collectives_type::starts_reduce_scatter): the input nest (its owning leaves live here until
+  /// wait()), the result (cuts: views into a span input, or vectors of the cut's length) and
+  /// each element type's started part.
+  template <class N, class Types = detail::element_types_t<N>>
+  class reduce_scatter_in_flight;
+  template <class N, class... Es>
+  class reduce_scatter_in_flight<N, detail::type_list<Es...>> final : public detail::async_result<N> {
+   public:
+    explicit reduce_scatter_in_flight(N v) : input(std::move(v)) {}
+    bool done() const noexcept override {
+      return std::apply([](const auto&... p) { return (true && ... && p.done()); }, parts);
+    }
+    N input;
+    N result{};
+    // Per element type, the collectives layer's started part (for that type's leaves of N).
+    template <class E>
+    using part = typename collectives_type::template started_reduce_scatter<
+        E, std::tuple_size_v<decltype(detail::leaves_of<E>(std::declval<N&>()))>>::type;
+    std::tuple<part<Es>...> parts;
+
+   protected:
+    void complete() override {
+      std::apply([](auto&... p) { (p.finish(), ...); }, parts);
+      this->value.emplace(std::move(result));
+    }
+  };
+
+  template <class N, class T>
+  Pending<N> start_reduce_scatter(ReduceOp op, T&& value, const mirror::source_location& where) {
+    require_cuttable_leaves<N>();
+    require_reachable_leaves<N>();
+    const recorded in_recorder(*this);
+    auto started = std::make_unique<reduce_scatter_in_flight<N>>(N(std::forward<T>(value)));
+    for_each_scattered_type(op, started->input, started->result, where,
+                            [&]<class E>(const detail::collective_header* header) {
+                              std::get<typename reduce_scatter_in_flight<N>::template part<E>>(started->parts) =
+                                  collectives_.template reduce_scatter_start<E>(
+                                      self_, op, detail::leaves_of<E>(started->input),
+                                      detail::leaves_of<E>(started->result), header);
+                            });
+    return Pending<N>(std::move(started), async_);
+  }
+
+  /// reduce_scatter's leaves are 1-D and can hold a cut of any length.
+  template <class N>
+  static constexpr void require_cuttable_leaves() {
+    static_assert([]<class... Ls>(detail::type_list<Ls...>) {
+                    return (true && ... && (leaf_traits<Ls>::rank == 1 && (leaf_traits<Ls>::resizable || leaf_traits<Ls>::is_view) &&
+                                            !detail::is_fixed_extent_span<Ls>::value));
+                  }(detail::leaf_types_t<N>{}),
+                  "mirror::ReplicaContext::reduce_scatter(op, value): every leaf must be 1-D and hold a cut of any "
+                  "length: std::vector or std::span (a scalar has nothing to cut, a std::array cannot change its "
+                  "length, a matrix is not 1-D: pass its elements as a std::span; a std::span<E, Extent> of a fixed "
+                  "extent cannot view a cut of another length: pass a std::span<E>)");
+  }
+
+  /// The reduce-scatter (blocking or started) of `in` into `result` up to the ops policy: each
+  /// leaf of `result` made this replica's cut (a view into a span of `in`, or a vector of the
+  /// cut's length), the agreement header, then `each.template operator()<E>(header)` for every
+  /// element type E of N, the header riding on the first type's collective (null for the others).
+  template <class N, class Each>
+  void for_each_scattered_type(ReduceOp op, N& in, N& result, const mirror::source_location& where, Each&& each) {
+    std::array<std::size_t, detail::leaf_count<N>()> sizes{};
+    const int n = num_replicas_in_sync(), g = replica_id_in_sync_group();
+    std::size_t k = 0;
+    detail::for_each_leaf(
+        [&](auto& l, auto& out) {
+          using L = std::remove_cvref_t<decltype(l)>;
+          sizes[k] = leaf_traits<L>::elements(l).size();
+          const auto cut = backend::cut_of(sizes[k++], n, g);
+          if constexpr (leaf_traits<L>::is_view) {
+            out = L(leaf_traits<L>::elements(l).data() + cut.first, cut.second);
+          } else {
+            leaf_traits<L>::resize(out, cut.second);
+          }
+        },
+        in, result);
+    const detail::collective_header header =
+        make_header<N>(detail::collective_kind::reduce_scatter, static_cast<int>(op), sizes, where, 0, bytes_of(in));
+    const detail::collective_header* first = &header;
+    detail::for_each_type(detail::element_types_t<N>{}, [&]<class E>() {
+      each.template operator()<E>(first);
+      first = nullptr;
+    });
   }
 
   /// The all-reduce of `result` (blocking or started) up to the ops policy: its agreement header,

@@ -4,11 +4,13 @@
 /// `mirror::ops::Hierarchical<LocalOps, Cross>`: the all-reduce of `devices::Cluster`.
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <vector>
 #include <mirror/backends/mpi/all_reduce_in_flight.hpp>
 #include <mirror/backends/mpi/cluster_device.hpp>
 #include <mirror/backends/mpi/mpi_all_reduce.hpp>
+#include <mirror/backends/mpi/reduce_scatter_in_flight.hpp>
 #include <mirror/concepts/cross_device_ops.hpp>
 #include <mirror/default_ops.hpp>
 #include <mirror/backend/collective.hpp>
@@ -148,6 +150,46 @@ struct Hierarchical {
     mine->leaves[static_cast<std::size_t>(self)].assign(s.leaves.begin(), s.leaves.end());
     c.barrier();
     return all_reduce_in_flight<E>(std::move(mine));
+  }
+
+  /// `reduce_scatter`, started: with one local replica (this replica's cut is its worker's whole
+  /// range) the cross-worker step is handed to the communication thread, and the returned
+  /// handle's `finish()` completes it (the copy out of the packed buffer where there are several
+  /// leaves, the division of a `mean`); the same bits as `reduce_scatter`. With one worker or
+  /// several local replicas it completes here.
+  template <class Rt, class E>
+  reduce_scatter_in_flight<E> reduce_scatter_start(backend::collective<Rt>& c, ReduceOp op,
+                                                   const backend::segment_list<Rt, E>& in,
+                                                   const backend::segment_list<Rt, E>& out) const {
+    require_cluster_of_threads<Rt>();
+    detail::worker_group& g = *c.runtime().workers();
+    if (g.num_workers() == 1 || c.num_replicas() > 1) {
+      reduce_scatter(c, op, in, out);
+      return {};
+    }
+    c.barrier();  // one local replica: only the (trivial) local agreement check, as reduce_scatter
+    using state = typename reduce_scatter_in_flight<E>::state;
+    auto s = std::make_unique<state>();
+    s->out.assign(out.leaves.begin(), out.leaves.end());
+    s->out_sizes.assign(out.sizes.begin(), out.sizes.end());
+    s->op = op;
+    s->divisor = static_cast<std::size_t>(g.num_workers());
+    const char* what = "mirror::ReplicaContext::reduce_scatter_async (cross-worker step)";
+    const auto kind = detail::element_kind_of<E>();
+    if (in.leaves.size() == 1) {
+      s->cross = g.start_reduce_scatter(in.leaves[0], in.sizes.data(), 1, out.leaves[0], kind, op, what);
+    } else {
+      // Several leaves cross as one buffer of the operation's own, which outlives the step.
+      s->packed.resize(in.total);
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < in.leaves.size(); ++k) {
+        std::copy(in.leaves[k], in.leaves[k] + in.sizes[k], s->packed.data() + at);
+        at += in.sizes[k];
+      }
+      s->cross = g.start_reduce_scatter(s->packed.data(), in.sizes.data(), in.leaves.size(), s->packed.data(), kind,
+                                        op, what);
+    }
+    return reduce_scatter_in_flight<E>(std::move(s));
   }
 
   /// The `reduce_scatter` of the ops interface (mirror/concepts/cross_device_ops.hpp), called

@@ -245,11 +245,8 @@ void group::all_reduce(void* data, std::size_t count, detail::element_kind kind,
 std::unique_ptr<detail::worker_group::started_collective> group::start_all_reduce(
     void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what, bool checked) {
   require_int_count(count, what);
-  auto s = std::make_unique<impl::started>(*impl_, data, count, kind, op, what, checked);
-  s->waited = true;  // (not posted yet: a post that throws leaves nothing to wait for)
-  impl_->post(s->j);
-  s->waited = false;
-  return s;
+  auto s = std::make_unique<impl::started>(*impl_, impl::job::reduce, data, count, kind, op, what, checked);
+  return impl_->post_started(std::move(s));
 }
 
 void group::check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what) {
@@ -271,8 +268,9 @@ void group::broadcast(void* data, std::size_t bytes, int root, const char* what)
   impl_->run(j);
 }
 
-void group::reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,
-                           detail::element_kind kind, ReduceOp op, const char* what) {
+namespace {
+// A reduce-scatter's elements (the leaves' sum), within MPI's int count.
+std::size_t scatter_total(const std::size_t* leaf_sizes, std::size_t num_leaves, const char* what) {
   std::size_t total = 0;
   for (std::size_t k = 0; k < num_leaves; ++k) total += leaf_sizes[k];
   if (total > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
@@ -281,12 +279,31 @@ void group::reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::s
                        what, total)
             .c_str());
   }
-  impl::job j{impl::job::scatter, const_cast<void*>(in), total, kind, op, 0, what, false, nullptr};
+  return total;
+}
+}  // namespace
+
+void group::reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,
+                           detail::element_kind kind, ReduceOp op, const char* what) {
+  impl::job j{impl::job::scatter, const_cast<void*>(in), scatter_total(leaf_sizes, num_leaves, what), kind, op, 0,
+              what, false, nullptr};
   j.in_worker_order = impl_->in_worker_order(kind);
   j.sizes = leaf_sizes;
   j.num_sizes = num_leaves;
   j.out = out;
   impl_->run(j);
+}
+
+std::unique_ptr<detail::worker_group::started_collective> group::start_reduce_scatter(
+    const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out, detail::element_kind kind,
+    ReduceOp op, const char* what) {
+  auto s = std::make_unique<impl::started>(*impl_, impl::job::scatter, const_cast<void*>(in),
+                                           scatter_total(leaf_sizes, num_leaves, what), kind, op, what, false);
+  s->sizes.assign(leaf_sizes, leaf_sizes + num_leaves);
+  s->j.sizes = s->sizes.data();
+  s->j.num_sizes = num_leaves;
+  s->j.out = out;
+  return impl_->post_started(std::move(s));
 }
 
 void group::all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts,

@@ -64,6 +64,10 @@ class group final : public detail::worker_group {
   void broadcast(void* data, std::size_t bytes, int root, const char* what) override;
   void reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,
                       detail::element_kind kind, ReduceOp op, const char* what) override;
+  std::unique_ptr<started_collective> start_reduce_scatter(const void* in, const std::size_t* leaf_sizes,
+                                                           std::size_t num_leaves, void* out,
+                                                           detail::element_kind kind, ReduceOp op,
+                                                           const char* what) override;
   void all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts, std::size_t element_bytes,
                   const char* what, bool checked) override;
   void all_gather_counts(const std::size_t* mine, std::size_t per_worker, std::size_t* all, const char* what) override;

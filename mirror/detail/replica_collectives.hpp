@@ -75,17 +75,18 @@ class replica_collectives {
         o.all_reduce_start(c, ReduceOp::sum, s).finish();
       };
 
-  /// One replica's all_reduce_leaves of element type E (K leaves), started: the ops policy's part
-  /// (`Started`, its finish() completes it) and the attached leaves, detached once it has
+  /// One replica's collective of element type E (K leaves per set), started: the ops policy's
+  /// part (`Started`, its finish() completes it) and the `Sets` attached sets of leaves (an
+  /// all-reduce's one, a reduce-scatter's input and output), detached in order once it has
   /// finished (a staged host leaf of a GPU replica is copied back then).
-  template <class E, std::size_t K, class Started>
+  template <class E, std::size_t K, class Started, std::size_t Sets = 1>
   class started_leaves {
    public:
     /// Nothing started.
     started_leaves() = default;
-    /// The policy's part `op` of the all-reduce of `host`, attached as `leaves`.
-    started_leaves(replica_collectives& owner, int self, const attached_leaves<E, K>& leaves,
-                   const std::array<std::span<E>, K>& host, Started op)
+    /// The policy's part `op` of the collective of `host`, attached as `leaves`.
+    started_leaves(replica_collectives& owner, int self, const std::array<attached_leaves<E, K>, Sets>& leaves,
+                   const std::array<std::array<std::span<E>, K>, Sets>& host, Started op)
         : owner_(&owner), self_(self), leaves_(leaves), host_(host), op_(std::move(op)) {}
     /// Takes over `other`'s part.
     started_leaves(started_leaves&& other) noexcept
@@ -105,14 +106,16 @@ class replica_collectives {
     /// Completes the policy's part and detaches the leaves. Once.
     void finish() {
       op_.finish();
-      if (owner_ != nullptr) std::exchange(owner_, nullptr)->detach_leaves(self_, leaves_, host_);
+      if (owner_ == nullptr) return;
+      replica_collectives* const owner = std::exchange(owner_, nullptr);
+      for (std::size_t i = 0; i < Sets; ++i) owner->detach_leaves(self_, leaves_[i], host_[i]);
     }
 
    private:
     replica_collectives* owner_ = nullptr;  // null: nothing attached (empty, or finished)
     int self_ = 0;
-    attached_leaves<E, K> leaves_{};
-    std::array<std::span<E>, K> host_{};
+    std::array<attached_leaves<E, K>, Sets> leaves_{};
+    std::array<std::array<std::span<E>, K>, Sets> host_{};
     Started op_{};
   };
 
@@ -135,7 +138,42 @@ class replica_collectives {
     if constexpr (Rt::host_addressable) require_host_element<E>();
     const auto leaves = attach_leaves(self, host);
     backend::collective<Rt> c(rt_, self, header);
-    return typename started_all_reduce<E, K>::type(*this, self, leaves, host, ops_.all_reduce_start(c, op, leaves.list()));
+    return typename started_all_reduce<E, K>::type(*this, self, std::array{leaves},
+                                                   std::array<std::array<std::span<E>, K>, 1>{host},
+                                                   ops_.all_reduce_start(c, op, leaves.list()));
+  }
+
+  /// Whether the ops policy can start a reduce-scatter that completes later
+  /// (`reduce_scatter_start`: ops::Hierarchical across workers), so that
+  /// ReplicaContext::reduce_scatter_async overlaps; other policies complete it as it starts.
+  static constexpr bool starts_reduce_scatter =
+      requires(const Ops& o, backend::collective<Rt>& c, const backend::segment_list<Rt, float>& s) {
+        o.reduce_scatter_start(c, ReduceOp::sum, s, s).finish();
+      };
+
+  /// What reduce_scatter_start returns for element type E and K leaves (`::type`).
+  template <class E, std::size_t K>
+  struct started_reduce_scatter {
+    /// The started part (input and output leaves attached).
+    using type = started_leaves<
+        E, K,
+        decltype(std::declval<const Ops&>().reduce_scatter_start(
+            std::declval<backend::collective<Rt>&>(), ReduceOp::sum, std::declval<const backend::segment_list<Rt, E>&>(),
+            std::declval<const backend::segment_list<Rt, E>&>())),
+        2>;
+  };
+
+  /// reduce_scatter_leaves, started (where starts_reduce_scatter): `out` holds this replica's
+  /// cuts once the returned part's finish() has returned.
+  template <class E, std::size_t K>
+  auto reduce_scatter_start(int self, ReduceOp op, const std::array<std::span<E>, K>& in,
+                            const std::array<std::span<E>, K>& out, const collective_header* header) {
+    if constexpr (Rt::host_addressable) require_host_element<E>();
+    const auto ins = attach_leaves(self, in);
+    const auto outs = attach_leaves(self, out);
+    backend::collective<Rt> c(rt_, self, header);
+    return typename started_reduce_scatter<E, K>::type(*this, self, std::array{ins, outs}, std::array{in, out},
+                                                       ops_.reduce_scatter_start(c, op, ins.list(), outs.list()));
   }
 
   template <class E, std::size_t K>

@@ -98,6 +98,14 @@ class worker_group {
   virtual void reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,
                               element_kind kind, ReduceOp op, const char* what) = 0;
 
+  /// reduce_scatter, started, as start_all_reduce is (ReplicaContext::reduce_scatter_async):
+  /// `in` and `out` must stay valid, and untouched, until the handle is waited for or
+  /// destroyed; `leaf_sizes` is copied.
+  virtual std::unique_ptr<started_collective> start_reduce_scatter(const void* in, const std::size_t* leaf_sizes,
+                                                                   std::size_t num_leaves, void* out,
+                                                                   element_kind kind, ReduceOp op,
+                                                                   const char* what) = 0;
+
   /// The cross-worker step of an all-gather: `leaves[k]` is the concatenation over workers p of
   /// p's block of `counts[p * num_leaves + k]` elements of `element_bytes` bytes each; this
   /// worker's own block is filled in, and every other worker's is copied in. `counts` (W *

@@ -110,6 +110,82 @@ TEST_CASE("async: a started all-reduce completes in the background, with no furt
   }
 }
 
+TEST_CASE("async: reduce_scatter_async gives the blocking form's cuts, several outstanding, mixed with all-reduces",
+          "[mpi]") {
+  for (int R = 1; R <= 3; ++R) {
+    Strategy& s = strategy_with(R);
+    for (const auto op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max}) {
+      CAPTURE(R, mirror::to_string(op));
+      const int first = world_rank() * R;
+      std::vector<std::vector<float>> a(static_cast<std::size_t>(R)), b(static_cast<std::size_t>(R));
+      for (int r = 0; r < R; ++r) a[static_cast<std::size_t>(r)] = b[static_cast<std::size_t>(r)] = input(first + r, 100003);
+      const auto wrong = s.run([&](auto& ctx) {
+        const int g = ctx.replica_id_in_sync_group();
+        auto& mine = a[static_cast<std::size_t>(g - first)];
+        // A span (reduced in place into its cut), a nest of two leaves (packed for the cross
+        // step), an all-reduce between them, and an owning leaf; waited for out of order.
+        auto p1 = ctx.reduce_scatter_async(op, std::span<float>(mine));
+        auto p2 = ctx.reduce_scatter_async(op, std::tuple{input(g + 1, 33), input(g + 2, 65)});
+        auto between = ctx.all_reduce_async(op, std::vector<float>(7, float(g)));
+        auto p3 = ctx.reduce_scatter_async(op, std::vector<double>(17, 0.25 * g));
+        const auto r3 = p3.wait();
+        const auto r2 = p2.wait();
+        const auto r1 = p1.wait();
+        const auto rb = between.wait();
+        const auto cut = mirror::backend::cut_of(100003, ctx.num_replicas_in_sync(), g);
+        int bad = r1.data() == mine.data() + cut.first && r1.size() == cut.second ? 0 : 1;
+        const auto b1 = ctx.reduce_scatter(op, std::span<float>(b[static_cast<std::size_t>(g - first)]));
+        const auto b2 = ctx.reduce_scatter(op, std::tuple{input(g + 1, 33), input(g + 2, 65)});
+        const auto bb = ctx.all_reduce(op, std::vector<float>(7, float(g)));
+        const auto b3 = ctx.reduce_scatter(op, std::vector<double>(17, 0.25 * g));
+        bad += mirror::test::same_bits(r1.data(), b1.data(), cut.second) ? 0 : 1;
+        bad += std::get<0>(r2).size() == std::get<0>(b2).size() && std::get<1>(r2).size() == std::get<1>(b2).size() &&
+                       mirror::test::same_bits(std::get<0>(r2).data(), std::get<0>(b2).data(), std::get<0>(b2).size()) &&
+                       mirror::test::same_bits(std::get<1>(r2).data(), std::get<1>(b2).data(), std::get<1>(b2).size())
+                   ? 0
+                   : 1;
+        bad += r3.size() == b3.size() && mirror::test::same_bits(r3.data(), b3.data(), b3.size()) ? 0 : 1;
+        bad += mirror::test::same_bits(rb->data(), bb->data(), 7) ? 0 : 1;
+        return bad;
+      });
+      for (const int w : wrong) REQUIRE(w == 0);
+    }
+  }
+}
+
+TEST_CASE("async: with one local replica a started reduce-scatter returns before the other workers start", "[mpi]") {
+  if (world_size() < 2) return;
+  Strategy& s = strategy_with(1);
+  // As for all_reduce_async: worker 0 starts, then lets the others start (a plain MPI message);
+  // a reduce-scatter that completed inside its start call would never send.
+  const auto firsts = s.run([&](auto& ctx) {
+    std::vector<float> x(1 << 16, 1.0f);
+    int token = 0;
+    if (world_rank() == 0) {
+      auto p = ctx.reduce_scatter_async(ReduceOp::sum, std::span<float>(x));
+      for (int peer = 1; peer < world_size(); ++peer) MPI_Send(&token, 1, MPI_INT, peer, 78, MPI_COMM_WORLD);
+      return p.wait()[0];
+    }
+    MPI_Recv(&token, 1, MPI_INT, 0, 78, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    auto p = ctx.reduce_scatter_async(ReduceOp::sum, std::span<float>(x));
+    return p.wait()[0];
+  });
+  for (const float v : firsts) REQUIRE(v == static_cast<float>(world_size()));
+}
+
+TEST_CASE("async: a started reduce-scatter whose workers disagree is a shape_error at wait(), then all goes on",
+          "[mpi][mismatch]") {
+  if (world_size() < 2) return;
+  Strategy& s = strategy_with(1);
+  REQUIRE_THROWS_AS(s.run([&](auto& ctx) {
+                      std::vector<float> x(world_rank() == 1 ? 65 : 64, 1.0f);
+                      auto p = ctx.reduce_scatter_async(ReduceOp::sum, x);
+                      (void)p.wait();
+                    }),
+                    mirror::shape_error);
+  check_goes_on(s);
+}
+
 TEST_CASE("async: with one local replica the start returns before the other workers have started", "[mpi]") {
   if (world_size() < 2) return;
   Strategy& s = strategy_with(1);

@@ -241,15 +241,17 @@ struct group::impl {
     clock::rep done_at = 0;          // when the thread finished it (written before `done`)
     std::atomic<bool> done{false};  // set (under mutex) after everything else the thread writes
   };
-  // A job posted by start_all_reduce, awaited by its owner (or by its destructor).
+  // A job posted by start_all_reduce or start_reduce_scatter, awaited by its owner (or by its
+  // destructor).
   struct started final : detail::worker_group::started_collective {
     impl& group;
     job j;
+    std::vector<std::size_t> sizes;  // scatter: the leaf sizes, which j.sizes points to
     bool waited = false;
-    started(impl& g, void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,
-            bool checked)
-        : group(g), j{job::reduce, data, count, kind, op, 0, what, checked, nullptr} {
-      j.in_worker_order = g.in_worker_order(kind);
+    started(impl& g, job::kind_t kind, void* data, std::size_t count, detail::element_kind element, ReduceOp op,
+            const char* what, bool checked)
+        : group(g), j{kind, data, count, element, op, 0, what, checked, nullptr} {
+      j.in_worker_order = g.in_worker_order(element);
     }
     void wait() override {
       waited = true;
@@ -265,6 +267,13 @@ struct group::impl {
       }
     }
   };
+  // Hands a started job to the communication thread, behind what was posted before it.
+  std::unique_ptr<detail::worker_group::started_collective> post_started(std::unique_ptr<started> s) {
+    s->waited = true;  // (not posted yet: a post that throws leaves nothing to wait for)
+    post(s->j);
+    s->waited = false;
+    return s;
+  }
   // Why the group cannot be used any more (guarded by mutex).
   struct broken_state {
     enum { none, timeout, mpi_error } why = none;
