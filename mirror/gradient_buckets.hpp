@@ -111,12 +111,14 @@ struct bucket_storage<T, Sharded, type_list<Es...>> {
 /// after `finish()` this replica's cut of every leaf (the batch-split rule over the replicas, as
 /// `ctx.reduce_scatter`) holds the reduced gradient's cut, and the rest of each leaf is
 /// unspecified; a variable's `update_sharded(step, buckets, states...)` takes the object and
-/// finishes it. A bucket of one leaf is reduced in place; a bucket of several is packed
-/// replica by replica (every leaf's cut 0, zero-padded to its largest cut, then every leaf's cut
-/// 1, ...), so one reduce-scatter hands each replica its cut of every leaf, and a replica copies
-/// back only its own cuts. Results are bitwise those of `ctx.reduce_scatter(op, span)` of that
-/// packed span (for one leaf: of the leaf). GPU leaves are never packed: there, each bucket is
-/// one leaf.
+/// finishes it. A reduce-scatter cuts each leaf, not a run of them, so a bucket of several leaves
+/// must be packed: replica by replica (every leaf's cut 0, zero-padded to its largest cut, then
+/// every leaf's cut 1, ...), so that one reduce-scatter hands each replica its cut of every leaf,
+/// and a replica copies back only its own cuts. Only leaves under 64 KiB are packed, up to the
+/// bucket size; a larger leaf is a bucket of its own, reduce-scattered in place (copying it would
+/// cost more than the collective it saves). Results are bitwise those of
+/// `ctx.reduce_scatter(op, span)` of the packed span (for one leaf: of the leaf). GPU leaves are
+/// never packed: there, each bucket is one leaf.
 template <class T, bool Sharded>
 class GradientBuckets {
   using storage = detail::bucket_storage<T, Sharded>;
@@ -242,6 +244,11 @@ class GradientBuckets {
 
   template <class> friend class ReplicaContext;
 
+  // The sharded form packs only leaves smaller than this, which would each cost a collective's
+  // fixed time more than their copies; a larger leaf is a bucket of its own, reduce-scattered in
+  // place (docs/performance.md#overlap has the measurement).
+  static constexpr std::size_t sharded_pack_limit = 64 * 1024;
+
   struct leaf {
     void* data;
     std::size_t count;
@@ -324,13 +331,15 @@ class GradientBuckets {
       b.last = k - 1;
       b.type = leaves_[k - 1].type;
       std::size_t bytes = 0;
+      const bool alone = !packable(k - 1);
       do {
         --k;
         bytes += leaves_[k].count * element_bytes(b.type);
         b.elements += leaves_[k].count;
         leaves_[k].bucket = buckets_.size();
         ++b.remaining;
-      } while (k > 0 && bytes < bucket_bytes && leaves_[k - 1].type == b.type && joins(k - 1, k));
+      } while (!alone && k > 0 && bytes < bucket_bytes && leaves_[k - 1].type == b.type && joins(k - 1, k) &&
+               packable(k - 1));
       b.first = k;
       // Leaves that lie one after another in memory (a flat gradient buffer cut into layers, as
       // DDP's bucket views are) are all-reduced in place as one span: nothing to pack. A
@@ -346,6 +355,12 @@ class GradientBuckets {
       buckets_.push_back(b);
     }
     staged_ = std::move(staged);
+  }
+
+  // Whether leaf j may share a bucket with other leaves: in the sharded form, only a leaf below
+  // sharded_pack_limit (every leaf of the all-reduce form).
+  bool packable(std::size_t j) const noexcept {
+    return !Sharded || leaves_[j].count * element_bytes(leaves_[j].type) < sharded_pack_limit;
   }
 
   // Whether leaf j may join the bucket of leaf `next` (j + 1): GPU leaves only where no packing

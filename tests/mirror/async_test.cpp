@@ -123,6 +123,29 @@ TEST_CASE("gradient buckets: the plan cuts reverse leaf order by bytes and by el
   }
 }
 
+TEST_CASE("sharded gradient buckets: leaves of 64 KiB or more are buckets of their own, smaller ones share",
+          "[async]") {
+  auto& s = strategy_with(2);
+  // Bytes: 40, 64 KiB (16384 floats), 132, 64 KiB - 4, 4. Reverse: {4, 3, 2} (all under 64 KiB,
+  // together under the cap), then leaf 1 alone (64 KiB), then {0}.
+  using Grads = std::tuple<std::vector<float>, std::vector<float>, std::vector<float>, std::vector<float>,
+                           std::vector<float>>;
+  std::atomic<int> wrong{0};
+  s.run([&](auto& ctx) {
+    Grads g{std::vector<float>(10), std::vector<float>(16384), std::vector<float>(33), std::vector<float>(16383),
+            std::vector<float>(1)};
+    auto b = ctx.gradient_buckets(ReduceOp::sum, g, std::size_t{1} << 20, mirror::sharded);
+    const std::vector<std::size_t> want{2, 1, 0, 0, 0};
+    if (b.num_buckets() != 3) ++wrong;
+    for (std::size_t i = 0; i < 5; ++i) {
+      if (b.bucket_of(i) != want[i]) ++wrong;
+    }
+    for (std::size_t i = 0; i < 5; ++i) b.ready(i);
+    b.finish();
+  });
+  REQUIRE(wrong == 0);
+}
+
 TEST_CASE("gradient buckets: misuse is a mirror::error naming the call", "[async]") {
   auto& s = strategy_with(2);
   std::atomic<int> errors{0};
