@@ -119,7 +119,7 @@ struct bucket_storage<T, Sharded, type_list<Es...>> {
 /// cost more than the collective it saves). Results are bitwise those of
 /// `ctx.reduce_scatter(op, span)` of the packed span (for one leaf: of the leaf). GPU leaves are
 /// never packed: there, each bucket is one leaf.
-template <class T, bool Sharded>
+template <class T, bool Sharded = false>
 class GradientBuckets {
   using storage = detail::bucket_storage<T, Sharded>;
 

@@ -14,7 +14,7 @@
 namespace mirror {
 
 template <class> class ReplicaContext;
-template <class T, bool Sharded = false> class GradientBuckets;
+template <class T, bool Sharded> class GradientBuckets;
 
 namespace detail {
 /// A started collective that produces an `R` when it completes.

@@ -338,11 +338,11 @@ class ReplicaContext {
   /// **Progress**: on `devices::Cluster` (`ops::Hierarchical`), `all_reduce_async` does the
   /// local phase at the start and leaves the cross-worker step to the worker's communication
   /// thread while `fn` goes on; so does `reduce_scatter_async` with one local replica (with
-  /// several it completes in the start call). On `devices::Cuda` with `ops::NcclAllReduce`, it enqueues NCCL's
-  /// work on the replica's communication stream and `wait()` makes the replica's stream wait for
-  /// it (no host wait, as every collective there completes in stream order), so kernels enqueued
-  /// in between run beside NCCL. Everywhere else, and for the other three forms, the collective
-  /// completes inside the start call (the replicas' own threads, or their streams, do the
+  /// several it completes in the start call). On `devices::Cuda` with `ops::NcclAllReduce`, both
+  /// enqueue NCCL's work on the replica's communication stream and `wait()` makes the replica's
+  /// stream wait for it (no host wait, as every collective there completes in stream order), so
+  /// kernels enqueued in between run beside NCCL. Everywhere else, and for `all_gather_async` and
+  /// `broadcast_async`, the collective completes inside the start call (the replicas' own threads, or their streams, do the
   /// reduction) and `wait()` only hands over the result.
   ///@{
 

@@ -54,8 +54,8 @@ namespace mirror::ops {
 /// not come a `timeout_error` naming it, before any NCCL call could wait for it on the GPU.
 /// **Communication**: NCCL's ring or tree, about 2·(N-1)/N·S bytes per replica. A call returns
 /// once the all-reduce is enqueued on the replica's communication stream, its stream waiting for
-/// it (docs/cuda.md\#the-communication-stream: `all_reduce_start` leaves the wait for later, so
-/// that kernels run beside NCCL); a watchdog
+/// it (docs/cuda.md\#the-communication-stream: `all_reduce_start` and `reduce_scatter_start`
+/// leave the wait for later, so that kernels run beside NCCL); a watchdog
 /// checks each one's completion at the replica's next NCCL call (waiting only when 16 are
 /// unfinished) and aborts the communicators if one is not done within the device's `timeout`.
 struct NcclAllReduce {
@@ -204,7 +204,7 @@ struct NcclAllReduce {
   /// The `reduce_scatter` of the ops-policy interface (mirror/concepts/cross_device_ops.hpp),
   /// called by every replica for the leaves of one element type: one `ncclReduceScatter` per
   /// non-empty leaf, in one NCCL group on the replica's communication stream (its stream waits for
-  /// it), returning once enqueued and watched
+  /// it: `reduce_scatter_start`, then `finish`), returning once enqueued and watched
   /// as `all_reduce` is. Cut g of a leaf of n elements is `backend::cut_of(n, N, g)` (the
   /// first n mod N replicas one element more), which NCCL's equal blocks match only when N divides
   /// n: such a leaf is reduce-scattered from itself (in place when `out` is its own cut), any other
@@ -226,6 +226,16 @@ struct NcclAllReduce {
     requires std::derived_from<Rt, cuda::runtime>
   void reduce_scatter(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& in,
                       const backend::segment_list<Rt, E>& out) const {
+    reduce_scatter_start(c, op, in, out).finish();
+  }
+
+  /// `reduce_scatter`, started (ReplicaContext::reduce_scatter_async): enqueued on the
+  /// communication stream as `all_reduce_start` is, and the returned part's `finish()` makes the
+  /// replica's stream wait for it.
+  template <class Rt, class E>
+    requires std::derived_from<Rt, cuda::runtime>
+  cuda::comm_work reduce_scatter_start(backend::collective<Rt>& c, ReduceOp op, const backend::segment_list<Rt, E>& in,
+                                       const backend::segment_list<Rt, E>& out) const {
     Rt& rt = c.runtime();
     const int self = c.self();
     detail::worker_group* const workers = workers_of(rt);
@@ -250,7 +260,7 @@ struct NcclAllReduce {
     rt.fork_to_comm(self);
     nccl::impl::reduce_scatter(comms, self, rt.comm_stream_of(self), op, cuda::kernel_kind_of<E>(), sources, targets,
                                in.sizes, scratch, rt.timeout());
-    rt.join_comm(self, rt.mark_comm(self));
+    return cuda::comm_work(rt, self, rt.mark_comm(self));
   }
 
   /// The `all_gather` of the ops-policy interface (mirror/concepts/cross_device_ops.hpp), called by

@@ -212,6 +212,83 @@ TEST_CASE("nccl (fake GPUs): reduce_scatter and all_gather run on the communicat
   require_rules_kept();
 }
 
+TEST_CASE("nccl (fake GPUs): a started reduce-scatter runs on the communication stream beside fn's work until "
+          "wait(), and gives each replica its cut of the serial reference",
+          "[cuda][nccl][fake][async]") {
+  fake_nccl::reset({.devices = replicas});
+  nccl_strategy s{{.gpus = {0, 1, 2}}, mirror::ops::NcclAllReduce{}};
+  constexpr std::size_t n = 7;  // ragged: through the communication scratch and its copies
+  const auto want = mirror::test::serial_reference<float>(ReduceOp::sum, replicas, n);
+  std::array<std::size_t, replicas> before{}, between{}, after{};
+  std::array<std::vector<float>, replicas> got;
+  s.run([&](auto& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    const auto u = static_cast<std::size_t>(r);
+    const void* stream = mirror::cuda::current_stream();
+    auto a = on_gpu(r, mirror::test::input_vector<float>(ReduceOp::sum, r, n));
+    before[u] = fake_nccl::enqueue_marker(stream, "backward of the last layer");
+    auto p = ctx.reduce_scatter_async(ReduceOp::sum, span_of(a));
+    between[u] = fake_nccl::enqueue_marker(stream, "backward of the next layer");
+    const auto cut = p.wait();
+    after[u] = fake_nccl::enqueue_marker(stream, "optimizer step on the cut");
+    got[u].assign(cut.data, cut.data + cut.size);  // (the fake GPU's memory is host memory)
+  });
+  for (int r = 0; r < replicas; ++r) {
+    CAPTURE(r);
+    const auto u = static_cast<std::size_t>(r);
+    const auto rs = entries(s.runtime().comm_stream_of(r), "ncclReduceScatter");
+    REQUIRE(rs.size() == 1);
+    CHECK(fake_nccl::happens_before(before[u], rs[0]));
+    CHECK_FALSE(fake_nccl::happens_before(rs[0], between[u]));
+    CHECK_FALSE(fake_nccl::happens_before(between[u], rs[0]));
+    CHECK(fake_nccl::happens_before(rs[0], after[u]));
+    const auto cut = mirror::backend::cut_of(n, replicas, r);
+    CHECK(got[u] == std::vector<float>(want.begin() + static_cast<std::ptrdiff_t>(cut.first),
+                                       want.begin() + static_cast<std::ptrdiff_t>(cut.first + cut.second)));
+  }
+  require_rules_kept();
+}
+
+TEST_CASE("nccl (fake GPUs): sharded gradient buckets of GPU leaves reduce-scatter each leaf in place, one NCCL "
+          "call each, no copy of a divisible leaf, and leave each replica its cuts of the serial reference",
+          "[cuda][nccl][fake][async]") {
+  fake_nccl::reset({.devices = replicas});
+  nccl_strategy s{{.gpus = {0, 1, 2}}, mirror::ops::NcclAllReduce{}};
+  // One flat buffer cut into layers of 6, 3 and 12 floats (multiples of 3: no padding copies).
+  const std::size_t sizes[] = {6, 3, 12}, offsets[] = {0, 6, 9}, flat = 21;
+  const auto want = mirror::test::serial_reference<float>(ReduceOp::sum, replicas, flat);
+  std::array<std::vector<float>, replicas> got;
+  std::array<std::size_t, replicas> buckets{};
+  const int calls_before = fake_nccl::snapshot().reduce_scatter_calls;
+  s.run([&](auto& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    const auto u = static_cast<std::size_t>(r);
+    auto a = on_gpu(r, mirror::test::input_vector<float>(ReduceOp::sum, r, flat));
+    using view = mirror::cuda::device_span<float>;
+    std::tuple<view, view, view> grads{view{a.data(), sizes[0]}, view{a.data() + 6, sizes[1]},
+                                       view{a.data() + 9, sizes[2]}};
+    auto g = ctx.gradient_buckets(ReduceOp::sum, grads, std::size_t{1} << 20, mirror::sharded);
+    buckets[u] = g.num_buckets();
+    for (const std::size_t leaf : {2, 1, 0}) g.ready(leaf);
+    (void)g.finish();
+    got[u] = read(a);
+  });
+  for (int r = 0; r < replicas; ++r) {
+    CAPTURE(r);
+    const auto u = static_cast<std::size_t>(r);
+    CHECK(buckets[u] == 3);
+    for (std::size_t k = 0; k < 3; ++k) {
+      const auto cut = mirror::backend::cut_of(sizes[k], replicas, r);
+      for (std::size_t i = cut.first; i < cut.first + cut.second; ++i) {
+        CHECK(got[u][offsets[k] + i] == want[offsets[k] + i]);
+      }
+    }
+  }
+  CHECK(fake_nccl::snapshot().reduce_scatter_calls - calls_before == 3 * replicas);
+  for (const auto& e : fake_nccl::stream_log()) CHECK(e.what != "cudaMemcpyAsync");
+  require_rules_kept();
+}
+
 TEST_CASE("nccl (fake GPUs): a started all-reduce dropped without wait() is still joined before fn's later work "
           "reaches the end of run",
           "[cuda][nccl][fake][async]") {
