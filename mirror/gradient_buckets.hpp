@@ -104,7 +104,9 @@ struct bucket_storage<T, Sharded, type_list<Es...>> {
 /// destroyed without `finish()` waits for the buckets it started (their errors are thrown when
 /// `fn` returns) and leaves `grads` as it was where leaves were packed.
 /// **Allocation**: the packed buffers are kept by the replica's thread and reused by the next
-/// object of the same nest type with the same plan, so a training loop allocates them once.
+/// object of the same nest type with the same plan, so a training loop allocates them once; the
+/// plan too is made once per loop: the next object of the type on the thread reuses it while
+/// the leaves' addresses and sizes, the bucket size and the replica count stay the same.
 ///
 /// **The sharded form** (`Sharded`, from `ctx.gradient_buckets(op, grads, bytes,
 /// mirror::sharded)`): each bucket is reduce-scattered instead (`reduce_scatter_async`), so that
@@ -315,11 +317,40 @@ class GradientBuckets {
         }
       }...};
     }(detail::element_types_t<T>{});
-    plan(bucket_bytes);
+    plan_once(bucket_bytes);
     [&]<class... Es>(detail::type_list<Es...>) {
       ((std::get<index_of<Es>()>(pending_).resize(buckets_.size())), ...);
     }(detail::element_types_t<T>{});
     take_staging();
+  }
+
+  /// The plan of the previous object of this type on this thread where nothing it depends on
+  /// changed (the leaves' addresses and sizes, the bucket size, the replica count: a training
+  /// loop's steps), else a new one, kept for the next object.
+  void plan_once(std::size_t bucket_bytes) {
+    thread_staging& k = kept();
+    const bool same = k.planned && k.plan_cap == bucket_bytes && k.plan_replicas == replicas_ &&
+                      k.plan_leaves.size() == leaves_.size() && [&] {
+                        for (std::size_t i = 0; i < leaves_.size(); ++i) {
+                          if (k.plan_leaves[i].data != leaves_[i].data || k.plan_leaves[i].count != leaves_[i].count) {
+                            return false;
+                          }
+                        }
+                        return true;
+                      }();
+    if (same) {
+      leaves_ = k.plan_leaves;
+      buckets_ = k.plan_buckets;
+      staged_ = k.plan_staged;
+      return;
+    }
+    plan(bucket_bytes);
+    k.planned = true;
+    k.plan_cap = bucket_bytes;
+    k.plan_replicas = replicas_;
+    k.plan_leaves = leaves_;
+    k.plan_buckets = buckets_;
+    k.plan_staged = staged_;
   }
 
   /// The buckets, from the last leaf backwards.
@@ -447,6 +478,13 @@ class GradientBuckets {
   struct thread_staging {
     typename storage::staging buffers;
     bool in_use = false;
+    // The last plan made on this thread (plan_once), with what it was made for.
+    bool planned = false;
+    std::size_t plan_cap = 0;
+    int plan_replicas = 0;
+    std::vector<leaf> plan_leaves;  // (their `ready` flags all false)
+    std::vector<bucket> plan_buckets;
+    std::vector<std::size_t> plan_staged;
   };
   static thread_staging& kept() {
     static thread_local thread_staging s;

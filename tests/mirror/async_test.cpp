@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <atomic>
 #include <cstdint>
 #include <span>
@@ -144,6 +146,52 @@ TEST_CASE("sharded gradient buckets: leaves of 64 KiB or more are buckets of the
     b.finish();
   });
   REQUIRE(wrong == 0);
+}
+
+TEST_CASE("gradient buckets: a loop's steps reuse the plan, and new leaf sizes or addresses get a new one",
+          "[async]") {
+  auto& s = strategy_with(2);
+  using Grads = std::array<std::span<float>, 3>;
+  // Three steps over layers cut from one flat buffer per replica (adjacent: reduced in place;
+  // the plan is kept), then the same sizes in separate buffers (not adjacent any more: a plan
+  // that ignored addresses would reduce leaf 1 and past its end instead of packing leaves 2 and
+  // 1), then other sizes. 100-byte buckets; reverse order: sizes {10, 30, 5}: {2, 1}, {0};
+  // sizes {30, 2, 2}: {2, 1, 0}.
+  std::array<std::vector<float>, 2> flat{std::vector<float>(45), std::vector<float>(45)};
+  struct step {
+    bool flat;
+    std::array<std::size_t, 3> sizes;
+    std::array<std::size_t, 3> of;
+  };
+  const std::vector<step> steps{{true, {10, 30, 5}, {1, 0, 0}}, {true, {10, 30, 5}, {1, 0, 0}},
+                                {true, {10, 30, 5}, {1, 0, 0}}, {false, {10, 30, 5}, {1, 0, 0}},
+                                {false, {30, 2, 2}, {0, 0, 0}}};
+  for (std::size_t t = 0; t < steps.size(); ++t) {
+    CAPTURE(t);
+    std::atomic<int> wrong{0};
+    s.run([&](auto& ctx) {
+      const auto r = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+      const auto& z = steps[t].sizes;
+      std::array<std::vector<float>, 3> own{std::vector<float>(z[0]), std::vector<float>(z[1]), std::vector<float>(z[2])};
+      Grads g = steps[t].flat ? Grads{std::span<float>(flat[r].data(), z[0]), std::span<float>(flat[r].data() + z[0], z[1]),
+                                      std::span<float>(flat[r].data() + z[0] + z[1], z[2])}
+                              : Grads{std::span<float>(own[0]), std::span<float>(own[1]), std::span<float>(own[2])};
+      std::fill(flat[r].begin(), flat[r].end(), 1.0f);
+      for (auto& v : own) std::fill(v.begin(), v.end(), 1.0f);
+      auto b = ctx.gradient_buckets(ReduceOp::sum, g, 100);
+      for (std::size_t i = 0; i < 3; ++i) {
+        if (b.bucket_of(i) != steps[t].of[i]) ++wrong;
+      }
+      for (std::size_t i = 3; i-- > 0;) b.ready(i);
+      b.finish();
+      for (const auto& leaf : g) {
+        for (const float x : leaf) {
+          if (x != 2.0f) ++wrong;
+        }
+      }
+    });
+    REQUIRE(wrong == 0);
+  }
 }
 
 TEST_CASE("gradient buckets: misuse is a mirror::error naming the call", "[async]") {
