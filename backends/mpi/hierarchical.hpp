@@ -124,11 +124,7 @@ struct Hierarchical {
       E* data = s.leaves[0];
       if (s.leaves.size() != 1) {  // several leaves cross as one buffer, the operation's own
         d->staging.resize(s.total);
-        std::size_t at = 0;
-        for (std::size_t k = 0; k < s.leaves.size(); ++k) {
-          std::copy(s.leaves[k], s.leaves[k] + s.sizes[k], d->staging.data() + at);
-          at += s.sizes[k];
-        }
+        concatenate(s, d->staging.data());
         data = d->staging.data();
       }
       d->cross = g.start_all_reduce(data, s.total, detail::element_kind_of<E>(), op,
@@ -181,11 +177,7 @@ struct Hierarchical {
     } else {
       // Several leaves cross as one buffer of the operation's own, which outlives the step.
       s->packed.resize(in.total);
-      std::size_t at = 0;
-      for (std::size_t k = 0; k < in.leaves.size(); ++k) {
-        std::copy(in.leaves[k], in.leaves[k] + in.sizes[k], s->packed.data() + at);
-        at += in.sizes[k];
-      }
+      concatenate(in, s->packed.data());
       s->cross = g.start_reduce_scatter(s->packed.data(), in.sizes.data(), in.leaves.size(), s->packed.data(), kind,
                                         op, what);
     }
@@ -261,13 +253,9 @@ struct Hierarchical {
                          op, what);
       } else {
         E* packed = rt.template scratch<E>(self, in.total);
-        std::size_t at = 0;
-        for (std::size_t k = 0; k < K; ++k) {
-          std::copy(in.leaves[k], in.leaves[k] + in.sizes[k], packed + at);
-          at += in.sizes[k];
-        }
+        concatenate(in, packed);
         g.reduce_scatter(packed, in.sizes.data(), K, packed, detail::element_kind_of<E>(), op, what);
-        at = 0;
+        std::size_t at = 0;
         for (std::size_t k = 0; k < K; ++k) {
           std::copy(packed + at, packed + at + out.sizes[k], out.leaves[k]);
           at += out.sizes[k];
@@ -360,6 +348,13 @@ struct Hierarchical {
   }
 
  private:
+  // The leaves of `s`, one after another, into `out` (s.total elements): how several leaves
+  // cross workers as one buffer.
+  template <class Rt, class E>
+  static void concatenate(const backend::segment_list<Rt, E>& s, E* out) {
+    for (std::size_t k = 0; k < s.leaves.size(); ++k) out = std::copy(s.leaves[k], s.leaves[k] + s.sizes[k], out);
+  }
+
   /// all_reduce's steps before the cross step, on every local replica: the agreement checks
   /// (apart from the data where the local phase writes first), then the local phase (`mean`
   /// as `sum`). Returns whether the cross-worker check was made (the data need not carry it).
@@ -402,13 +397,9 @@ struct Hierarchical {
       return;
     }
     E* staging = rt.template scratch<E>(0, s.total);
-    std::size_t at = 0;
-    for (std::size_t k = 0; k < s.leaves.size(); ++k) {
-      std::copy(s.leaves[k], s.leaves[k] + s.sizes[k], staging + at);
-      at += s.sizes[k];
-    }
+    concatenate(s, staging);
     cross.all_reduce(g, staging, s.total, op, checked);
-    at = 0;
+    std::size_t at = 0;
     for (std::size_t k = 0; k < s.leaves.size(); ++k) {
       std::copy(staging + at, staging + at + s.sizes[k], s.leaves[k]);
       at += s.sizes[k];
