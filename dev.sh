@@ -15,7 +15,8 @@
 #                                                trainer, and run.sh to run them all on a GPU
 #                                                machine: build-gpu-kit/kit/run.sh OUTDIR) and
 #                                                copy the Fashion-MNIST data beside it
-#                                                (build-gpu-kit/fashion-mnist); needs CUDA + NCCL
+#                                                (build-gpu-kit/fashion-mnist); needs CUDA, NCCL
+#                                                and Debian's Open MPI (carried in kit/mpi)
 #   ./dev.sh bench   [-- ARGS...]                install what is missing (plus gnuplot for
 #                                                the plots), run bench/report.sh
 #                                                (ARGS go to it, e.g. -- --quick):
@@ -24,7 +25,7 @@
 # Build directories: build (plain; also builds bench/ and runs its smoke tests, builds the API
 # reference into build/docs/html, and assembles the GPU kit into build/kit as the test
 # gpu_kit), build-tsan (-Db_sanitize=thread), build-asan (-Db_sanitize=address,undefined),
-# build-bench (bench), build-gpu-kit (gpu-kit: no MPI).
+# build-bench (bench), build-gpu-kit (gpu-kit: MPI on, its runtime carried in the kit).
 # Re-running reuses them (meson setup --reconfigure, which also picks up headers added since
 # the last configure).
 # Packages are installed with apt-get only when one is missing (sudo when not root).
@@ -174,8 +175,9 @@ case $cmd in
   gpu-kit)
     [[ $variant == plain ]] || die "gpu-kit builds without sanitizers (its programs run on another machine)"
     install_missing
-    # Only what the kit needs: no MPI (the GPU machine has none), no CPU benchmarks.
-    configure build-gpu-kit -Dtests=enabled -Dexamples=true -Dbenchmarks=false -Dmpi=disabled \
+    # Only what the kit needs: no CPU benchmarks; MPI for the multi-rank programs (the kit carries
+    # this machine's Open MPI runtime: the GPU machine has none).
+    configure build-gpu-kit -Dtests=enabled -Dexamples=true -Dbenchmarks=false -Dmpi=enabled \
       -Dcuda=enabled -Dnccl=enabled -Dgpu_kit=enabled
     meson compile -C build-gpu-kit gpu-kit
     log "the kit: build-gpu-kit/kit (run it there with: kit/run.sh OUTDIR)"

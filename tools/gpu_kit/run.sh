@@ -145,7 +145,7 @@ for t in "${TESTS[@]}"; do
   exe=$KIT/${t}_test
   [[ -x $exe ]] || { say "  SKIP $t: not in this kit (built without NCCL?)"; SKIPPED=$((SKIPPED + 1)); continue; }
   xml=$OUTDIR/$t.xml.tmp
-  secs=$(limit 100 200)  # kept back: a trainer run, the benchmark, the sanitizer
+  secs=$(limit 90 250)  # kept back: the multi-rank step, a trainer run, the benchmark, the sanitizer
   ((secs > 0)) || { no_time "$t"; continue; }
   start=$SECONDS
   timeout --kill-after=10 "$secs" "$exe" -r xml -d yes >"$xml" 2>"$OUTDIR/$t.err.tmp"
@@ -174,6 +174,177 @@ for t in "${TESTS[@]}"; do
   fi
   rm -f "$xml" "$OUTDIR/$t.err.tmp"
 done
+
+# ---- multi-rank: Cluster<Cuda> across 2 and 3 processes on GPU 0 ----
+# The kit carries Open MPI (KIT/mpi, its env.sh). NCCL 2.28 refuses two ranks of one host on one
+# GPU, but takes its host identity from NCCL_HOSTID: each rank gets its own, so NCCL sees N hosts
+# and connects them with its socket transport over loopback (NCCL_NET=Socket,
+# NCCL_SOCKET_IFNAME=lo; no InfiniBand probing). P2P and shared memory need one host hash, so
+# they are ruled out by the distinct ids already and stay enabled; NVLink SHARP and multi-node
+# NVLink would look for a fabric between the "hosts", so they are off.
+mpi_launch() {  # mpi_launch SECS NP [MPIRUN OPTIONS --] PROGRAM ARGS...: stdout and stderr as mpirun's
+  local secs=$1 np=$2 opts=()
+  shift 2
+  if [[ " $* " == *" -- "* ]]; then while [[ $1 != -- ]]; do opts+=("$1"); shift; done; shift; fi
+  (
+    . "$MPIKIT/env.sh"
+    export NCCL_SOCKET_IFNAME=lo NCCL_NET=Socket NCCL_IB_DISABLE=1 NCCL_NVLS_ENABLE=0 NCCL_MNNVL_ENABLE=0
+    export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+    exec timeout --kill-after=10 "$secs" mpirun --oversubscribe --bind-to none "${opts[@]}" -np "$np" \
+      bash -c 'export NCCL_HOSTID=mirror-kit-$OMPI_COMM_WORLD_RANK; exec "$@"' mirror-kit-rank "$@"
+  )
+}
+MR=mpi_cluster_cuda
+say "multi-rank (Cluster<Cuda> over MPI: 2 and 3 processes on GPU 0, each its own NCCL host):"
+# KIT/mpi.tar.gz: Open MPI, its env.sh and the two MPI programs, packed to fit (assemble.py).
+MPIKIT=
+if [[ -f $KIT/mpi.tar.gz ]]; then
+  MPITMP=$(mktemp -d "${TMPDIR:-/tmp}/mirror-kit-mpi.XXXXXX") && trap 'rm -rf "$MPITMP"' EXIT \
+    && tar xzf "$KIT/mpi.tar.gz" -C "$MPITMP" && MPIKIT=$MPITMP/mpi
+fi
+if [[ -z $MPIKIT || ! -f $MPIKIT/env.sh || ! -x $MPIKIT/${MR}_test ]]; then
+  say "  SKIP $MR: not in this kit (built without MPI) or mpi.tar.gz does not unpack"
+  say "  SKIP cluster_all_reduce_gpu_bench: not in this kit (built without MPI) or mpi.tar.gz does not unpack"
+  SKIPPED=$((SKIPPED + 2))
+else
+  # Any machine: the kit's mpirun starts 2 processes of the test program, whose listing needs no
+  # GPU but runs MPI_Init and MPI_Allreduce (tests/mpi/mpi_main.cpp), with distinct NCCL_HOSTIDs.
+  # (An empty listing: Catch2's exit status is the number of tests listed.)
+  mpi_launch 40 2 bash -c '"$0" --list-test-names-only "[no such tag]" && echo "rank $OMPI_COMM_WORLD_RANK: MPI ok"' \
+    "$MPIKIT/${MR}_test" >"$OUTDIR/mr.tmp" 2>&1
+  status=$?
+  { echo "== kit mpirun -np 2 ${MR}_test --list-test-names-only (exit $status)"; cat "$OUTDIR/mr.tmp"; } >>"$OUTDIR/tests.log"
+  MPI_STARTS=0
+  if [[ $status -eq 0 && $(grep -c '^rank [01]: MPI ok' "$OUTDIR/mr.tmp") -eq 2 ]]; then
+    say "  PASS kit mpirun: 2 processes started (MPI_Init, MPI_Allreduce; Open MPI from the kit's mpi.tar.gz, $(du -sm "$MPIKIT" | cut -f1) MB unpacked)"
+    PASSED=$((PASSED + 1))
+    MPI_STARTS=1
+  else
+    say "  FAIL kit mpirun: exit $status; 2 processes did not both start and list the tests (see tests.log)"
+    tail -5 "$OUTDIR/mr.tmp" | sed 's/^/      /' | tee -a "$SUMMARY"
+    FAILED=$((FAILED + 1))
+  fi
+  why=
+  [[ $HAVE_GPU -eq 0 ]] && why="no CUDA device"
+  [[ -z $why && $MPI_STARTS -eq 0 ]] && why="the kit's mpirun does not start (above)"
+  if [[ -n $why ]]; then
+    say "  SKIP $MR (2 and 3 ranks, the dead worker, compute-sanitizer): $why"
+    say "  SKIP cluster_all_reduce_gpu_bench (2 ranks): $why"
+    SKIPPED=$((SKIPPED + 2))
+  else
+    # Every case on 2 then 3 ranks; rank 0 writes the XML, the others theirs to stderr (the log).
+    xml=$OUTDIR/mr.xml.tmp
+    for np in 2 3; do
+      label="$MR ($np ranks)"
+      secs=$(limit 60 $((np == 2 ? 230 : 170)))  # kept back: the rest of this step, the trainer, bench, sanitizer
+      ((secs > 0)) || { no_time "$label"; continue; }
+      rm -f "$xml"
+      start=$SECONDS
+      mpi_launch "$secs" "$np" "$MPIKIT/${MR}_test" -r xml -d yes -o "$xml" >"$OUTDIR/mr.tmp" 2>&1
+      status=$?
+      { echo "== $label (exit $status, $((SECONDS - start)) s, limit $secs s)"; cat "$OUTDIR/mr.tmp"; } >>"$OUTDIR/tests.log"
+      lines=$([[ -s $xml ]] && cases "$xml" "$label")
+      printf '%s\n' "$lines" >>"$OUTDIR/tests.log"
+      ok=$(grep -c '^  PASS' <<<"$lines")
+      bad=$(grep -c '^  FAIL' <<<"$lines")
+      note=
+      if [[ $status -ne 0 && $bad -eq 0 ]]; then
+        bad=1
+        note=" (exit $status$([[ $status -eq 124 ]] && echo ": timed out after $secs s"))"
+      fi
+      say "  $label: $ok passed, $bad failed$note"
+      [[ -z $lines ]] || printf '%s\n' "$lines" | sed 's/^/  /' | tee -a "$SUMMARY"
+      [[ $status -eq 0 ]] || grep -m3 'NCCL WARN\|error\|Error' "$OUTDIR/mr.tmp" | sed 's/^/      /' | tee -a "$SUMMARY"
+      PASSED=$((PASSED + ok))
+      FAILED=$((FAILED + bad))
+    done
+
+    # A worker that dies: rank 1 of 2 calls std::_Exit in fn; rank 0 must name it within the
+    # Cluster timeout (5 s). --enable-recovery keeps mpirun from ending the job at the death.
+    label="$MR (2 ranks): a dead worker is named"
+    secs=$(limit 40 140)
+    if ((secs == 0)); then
+      no_time "$label"
+    else
+      rm -f "$xml"
+      mpi_launch "$secs" 2 --enable-recovery -- "$MPIKIT/${MR}_test" '[.kill]' -r xml -d yes -o "$xml" >"$OUTDIR/mr.tmp" 2>&1
+      status=$?
+      { echo "== $label (exit $status)"; cat "$OUTDIR/mr.tmp"; } >>"$OUTDIR/tests.log"
+      lines=$([[ -s $xml ]] && cases "$xml" "$MR (2 ranks)")
+      if grep -q '^  PASS' <<<"$lines"; then
+        say "  PASS $label (rank 0's error within the timeout; exit $status: the job cannot finalize without rank 1)"
+        PASSED=$((PASSED + 1))
+      elif [[ -z $lines ]] || grep -q '^  FAIL .*(did not finish)' <<<"$lines"; then
+        # No verdict from rank 0: Open MPI ended the job when rank 1 died, before the timeout.
+        say "  SKIP $label: no result from rank 0 (exit $status): Open MPI ended the job when rank 1 died; mpirun said: $(grep -m1 -i 'exited\|abort\|terminat' "$OUTDIR/mr.tmp" | cut -c1-160)"
+        SKIPPED=$((SKIPPED + 1))
+      else
+        say "  FAIL $label (exit $status):"
+        printf '%s\n' "$lines" | sed 's/^/  /' | tee -a "$SUMMARY"
+        FAILED=$((FAILED + 1))
+      fi
+    fi
+
+    # compute-sanitizer inside mpirun: memcheck on both ranks of one small NCCL case.
+    SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+    label="compute-sanitizer --tool memcheck $MR (2 ranks, one case)"
+    secs=$(limit 70 120)
+    if [[ -z $SANITIZER ]]; then
+      say "  SKIP $label: compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
+      SKIPPED=$((SKIPPED + 1))
+    elif ((secs == 0)); then
+      no_time "$label"
+    else
+      mpi_launch "$secs" 2 "$SANITIZER" --tool memcheck --report-api-errors no --error-exitcode 99 \
+        "$MPIKIT/${MR}_test" 'cluster<cuda>: one NCCL communicator*' --warn NoTests -r compact >"$OUTDIR/mr.tmp" 2>&1
+      status=$?
+      { echo "== $label (exit $status)"; cat "$OUTDIR/mr.tmp"; } >>"$OUTDIR/sanitizer.log"
+      summary=$(grep 'ERROR SUMMARY' "$OUTDIR/mr.tmp" | sed 's/^=* *//' | sort | uniq -c | paste -sd ';')
+      if [[ $status -eq 0 ]]; then
+        say "  PASS $label: ${summary:-no summary line}"
+        PASSED=$((PASSED + 1))
+      else
+        say "  FAIL $label: exit $status${summary:+, $summary}$([[ $status -eq 124 ]] && echo " (timed out after $secs s)")"
+        grep -m5 '=========.*\(Invalid\|Error\|error\)\|No test' "$OUTDIR/mr.tmp" | sed 's/^/    /' | tee -a "$SUMMARY"
+        FAILED=$((FAILED + 1))
+      fi
+    fi
+
+    # The benchmark: mirror's Cluster<Cuda> all_reduce against raw ncclAllReduce on the same 2
+    # ranks; the target is mirror >= 0.95x raw from 1 MiB.
+    label=cluster_all_reduce_gpu_bench
+    secs=$(limit 50 110)
+    if ((secs == 0)); then
+      no_time "$label (2 ranks)"
+    else
+      budget=$((secs > 30 ? secs - 20 : 10))
+      mpi_launch "$secs" 2 "$MPIKIT/$label" --budget-seconds "$budget" --reps 5 >"$OUTDIR/mr.tmp" 2>&1
+      status=$?
+      { echo "== $label, 2 ranks on GPU 0 (exit $status, $budget s budget)"; cat "$OUTDIR/mr.tmp"; } >>"$OUTDIR/bench.txt"
+      ratio=$(sed -n 's/^ratio_from_1MiB=\([0-9.]*\)$/\1/p' "$OUTDIR/mr.tmp")
+      if [[ $status -ne 0 ]]; then
+        say "  FAIL $label (2 ranks): exit $status"
+        tail -5 "$OUTDIR/mr.tmp" | sed 's/^/    /' | tee -a "$SUMMARY"
+        FAILED=$((FAILED + 1))
+      elif [[ -z $ratio ]]; then
+        say "  SKIP $label (2 ranks): no size from 1 MiB measured within $budget s"
+        grep -v '^ratio' "$OUTDIR/mr.tmp" | sed 's/^/    /' | tee -a "$SUMMARY"
+        SKIPPED=$((SKIPPED + 1))
+      else
+        if awk -v r="$ratio" 'BEGIN { exit !(r >= 0.95) }'; then
+          say "  PASS $label (2 ranks): mirror/raw NCCL >= 0.95 from 1 MiB (worst $ratio)"
+          PASSED=$((PASSED + 1))
+        else
+          say "  FAIL-ratio $label (2 ranks): mirror/raw NCCL $ratio from 1 MiB, under the target 0.95"
+          FAILED=$((FAILED + 1))
+        fi
+        grep -v '^ratio' "$OUTDIR/mr.tmp" | sed 's/^/    /' | tee -a "$SUMMARY"
+      fi
+    fi
+    rm -f "$xml"
+  fi
+  rm -f "$OUTDIR/mr.tmp"
+fi
 
 # ---- the trainer ----
 if [[ -z $DATA ]]; then
