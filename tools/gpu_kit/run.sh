@@ -5,7 +5,9 @@
 #   run.sh OUTDIR [--data DIR]
 #
 # Prints nvidia-smi and the versions found, then runs, each under its own time limit: every GPU
-# test (Catch2; one line per test case with its result), the trainer (examples/fashion_mnist
+# test (Catch2; one line per test case with its result), the multi-rank step (Cluster<Cuda> on 2
+# and 3 MPI processes of GPU 0 under the Open MPI the kit carries, a dead worker, memcheck inside
+# mpirun, mirror against raw NCCL), the trainer (examples/fashion_mnist
 # --device cuda: test_accuracy must reach 0.88), the all-reduce benchmark (a fixed time budget)
 # the same MLP in PyTorch when python3 has torch (bench/fashion_mnist_torch.py), and
 # compute-sanitizer: memcheck over every test program, racecheck and synccheck over part of one. OUTDIR receives few files
