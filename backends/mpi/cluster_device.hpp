@@ -127,10 +127,8 @@ struct Cluster {
     static std::vector<int> place(const Cluster& c) {
       std::vector<std::string> visible;
       for (int d = 0, n = cuda::device_count(); d < n; ++d) visible.push_back(cuda::pci_bus_id(d));
-      const char* multi = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
-      const int version = nccl::impl::version();
-      const bool shared = multi != nullptr && std::string(multi) == "1" && version >= 23000;
-      return mpi::place_gpus(c.comm, c.timeout, c.local.gpus, visible, shared, version);
+      return mpi::place_gpus(c.comm, c.timeout, c.local.gpus, visible, nccl::impl::shared_gpus_enabled(),
+                             nccl::impl::version());
     }
 #endif
     detail::owned<mpi::group> group_;

@@ -66,17 +66,19 @@ struct NcclAllReduce {
   friend bool operator==(const NcclAllReduce&, const NcclAllReduce&) = default;
 
   /// The reason these settings cannot run on a device with `replicas_per_gpu` replicas on each
-  /// of `gpus`, or an empty string. (Needs no GPU: the constructor's check, unit-tested alone.)
-  static std::string refusal(int num_packs, int replicas_per_gpu) {
+  /// of `gpus`, or an empty string; `shared_gpus`: the loaded NCCL accepts several ranks on one
+  /// GPU (nccl::impl::shared_gpus_enabled). (Needs no GPU: the constructor's check, unit-tested alone.)
+  static std::string refusal(int num_packs, int replicas_per_gpu, bool shared_gpus = false) {
     if (num_packs < 0) {
       return detail::format("mirror::ops::NcclAllReduce{.num_packs = %d}: num_packs must be >= 0 (0 = one "
                             "all-reduce per leaf)",
                             num_packs)
           .c_str();
     }
-    if (replicas_per_gpu > 1) {
+    if (replicas_per_gpu > 1 && !shared_gpus) {
       return detail::format("mirror::ops::NcclAllReduce: devices::Cuda{.replicas_per_gpu = %d} puts several "
-                            "replicas on one GPU, and NCCL refuses two ranks on one GPU; use "
+                            "replicas on one GPU, and NCCL refuses two ranks on one GPU (NCCL 2.30 and newer "
+                            "accept them with NCCL_MULTI_RANK_GPU_ENABLE=1); use "
                             "mirror::ops::ReductionToOneDevice or mirror::ops::HierarchicalCopy with logical "
                             "devices, or one replica per GPU with NcclAllReduce",
                             replicas_per_gpu)
@@ -97,8 +99,9 @@ struct NcclAllReduce {
   template <class Rt>
     requires std::derived_from<Rt, cuda::runtime>
   void validate(Rt& rt) const {
+    const bool shared_gpus = nccl::impl::shared_gpus_enabled();
     if constexpr (detail::spans_workers<Rt>) {
-      if (rt.replicas_per_gpu() > 1) {
+      if (rt.replicas_per_gpu() > 1 && !shared_gpus) {
         throw std::invalid_argument(
             detail::format("mirror::devices::Cluster<devices::Cuda>{.local = {.replicas_per_gpu = %d}}: several "
                            "replicas on one GPU cannot be NCCL ranks (NCCL refuses two ranks on one GPU), and "
@@ -108,7 +111,7 @@ struct NcclAllReduce {
                 .c_str());
       }
     }
-    if (const std::string why = refusal(num_packs, rt.replicas_per_gpu()); !why.empty()) {
+    if (const std::string why = refusal(num_packs, rt.replicas_per_gpu(), shared_gpus); !why.empty()) {
       throw std::invalid_argument(why);
     }
     comms_of(rt, workers_of(rt));

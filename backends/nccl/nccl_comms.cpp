@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <atomic>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -209,6 +210,11 @@ int version() noexcept {
   return v;
 }
 
+bool shared_gpus_enabled() noexcept {
+  const char* on = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+  return on != nullptr && std::string(on) == "1" && version() >= 23000;
+}
+
 comms* create_comms(std::span<const int> devices, std::chrono::milliseconds timeout,
                     detail::worker_group* workers) {
   auto c = std::make_unique<comms>();
@@ -270,31 +276,40 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
   }
   if (classify(end, ncclSuccess) == progress::failed) fail_nccl(end, "ncclGroupEnd (communicator creation)");
   // Each communicator is ready when its asynchronous state leaves ncclInProgress: ncclSuccess, or
-  // an error (a failed init), which must not pass for ready.
+  // an error (a failed init), which must not pass for ready. Every rank is polled in each round:
+  // one rank's failure leaves the others in progress (waiting for it to join), so a wait on the
+  // first alone would end at the timeout instead of at the failure.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int i = 0; i < n; ++i) {
-    const auto rank = static_cast<std::size_t>(i);
-    for (unsigned spins = 0;; ++spins) {
+  std::vector<bool> ready(devices.size(), false);
+  for (unsigned spins = 0, left = static_cast<unsigned>(n); left > 0; ++spins) {
+    for (int i = 0; i < n; ++i) {
+      const auto rank = static_cast<std::size_t>(i);
+      if (ready[rank]) continue;
       ncclResult_t state = ncclSuccess;
       const progress p = poll(*c, rank, state);
-      if (p == progress::done) break;
       if (p == progress::failed) {
         fail_nccl(state, detail::format("ncclCommInitRankConfig (rank %d)", c->first_rank + i).c_str());
       }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        std::vector<int> all(static_cast<std::size_t>(n));
-        for (int r = 0; r < n; ++r) all[static_cast<std::size_t>(r)] = c->first_rank + r;
-        throw timeout_error(
-            detail::format("mirror::ops::NcclAllReduce: creating the communicators took longer than %lld ms%s; they "
-                           "were aborted",
-                           static_cast<long long>(timeout.count()),
-                           num_workers > 1
-                               ? detail::format(" (%d ranks over %d workers)", c->nranks, num_workers).c_str()
-                               : ""),
-            all);
+      if (p == progress::done) {
+        ready[rank] = true;
+        --left;
       }
-      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::vector<int> pending;
+      for (int r = 0; r < n; ++r) {
+        if (!ready[static_cast<std::size_t>(r)]) pending.push_back(c->first_rank + r);
+      }
+      throw timeout_error(
+          detail::format("mirror::ops::NcclAllReduce: creating the communicators took longer than %lld ms%s; they "
+                         "were aborted",
+                         static_cast<long long>(timeout.count()),
+                         num_workers > 1 ? detail::format(" (%d ranks over %d workers)", c->nranks, num_workers).c_str()
+                                         : ""),
+          pending);
+    }
+    if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   for (int i = 0; i < n; ++i) {
     check_cuda(cudaSetDevice(devices[static_cast<std::size_t>(i)]), "cudaSetDevice");

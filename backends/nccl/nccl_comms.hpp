@@ -74,6 +74,10 @@ void all_gather(comms&, int rank, void* stream, detail::element_kind type, std::
 /// The NCCL version of the library loaded at run time (ncclGetVersion), e.g. 22809.
 int version() noexcept;
 
+/// Whether the NCCL loaded at run time accepts several ranks of one process on one GPU: NCCL 2.30
+/// or newer with `NCCL_MULTI_RANK_GPU_ENABLE=1` in the environment (an experimental NCCL setting).
+bool shared_gpus_enabled() noexcept;
+
 /// How many all-reduces local rank `rank` has handed to NCCL (for tests and diagnostics: on one
 /// GPU, where any all-reduce returns its input, this is what shows the NCCL path ran).
 std::uint64_t enqueued(const comms&, int rank) noexcept;

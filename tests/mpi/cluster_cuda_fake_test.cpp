@@ -41,7 +41,7 @@ Cluster cluster(std::vector<int> gpus) {
 
 TEST_CASE("cluster<cuda> (fake GPUs): with .gpus empty each worker takes the GPU at its rank on the host",
           "[mpi][cuda][fake]") {
-  fake_nccl::reset({.devices = size()});
+  fake_nccl::reset({.devices = size(), .ranks_elsewhere = size() - 1});
   mirror::Strategy<Cluster> s{cluster({})};
   CHECK(s.num_replicas_in_sync() == size());
   CHECK(s.runtime().device_of(0) == rank());
@@ -68,7 +68,7 @@ TEST_CASE("cluster<cuda> (fake GPUs): more workers than the host's GPUs is refus
 
 TEST_CASE("cluster<cuda> (fake GPUs): a distinct NCCL_HOSTID per process lets the workers share one GPU",
           "[mpi][cuda][fake]") {
-  fake_nccl::reset({.devices = 1});
+  fake_nccl::reset({.devices = 1, .ranks_elsewhere = size() - 1});
   const std::string id = "mirror-test-host-" + std::to_string(rank());
   ::setenv("NCCL_HOSTID", id.c_str(), 1);
   try {

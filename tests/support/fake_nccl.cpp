@@ -12,15 +12,27 @@
 // launch check that reads cudaGetLastError() does; a collective is enqueued (ncclGroupEnd's
 // ncclInProgress resolves) only once every rank has launched it, and completes then unless its
 // rank is scripted to hang. Collectives: all-reduce, reduce-scatter, all-gather and broadcast, for
-// every ncclRedOp_t mirror uses, on float, double and 32- and 64-bit integers.
+// every ncclRedOp_t mirror uses, on float, double, half, bfloat16 and 32- and 64-bit integers,
+// computed as NCCL's kernels do: each step rounded to the element type, ncclAvg of floating types
+// as a sum of inputs pre-multiplied by 1/N rounded to the type (integers: the sum divided), min
+// and max of floating types as fmin and fmax (a NaN is dropped unless every rank's is one).
+// Asynchrony: work runs when enqueued, but every access of device memory is checked against the
+// earlier ones it conflicts with (one of them a write): they must be ordered by stream or events,
+// and the host may touch device memory (cudaMemcpy) only after synchronizing with the work that
+// wrote or reads it. Device bookkeeping: a communicator's buffers and stream belong to the device
+// current at its init; two ranks of one communicator on one device fail init (ncclInvalidUsage),
+// as NCCL's duplicate-GPU check does within one host (here: one process).
 #include "support/fake_nccl.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <span>
@@ -29,8 +41,11 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
+#include <mirror/backends/cuda/element_type.hpp>
 #include <mirror/backends/cuda/kernels.hpp>
+#include <mirror/detail/element_ops.hpp>
 
 namespace {
 
@@ -62,6 +77,8 @@ struct queued {
 
 struct world {
   int nranks = 0;
+  int joined = 0;           // ranks of this process that called init
+  std::vector<int> device;  // per rank: its device (-1: not joined here)
   std::vector<std::uint64_t> launched;                                // per rank: groups launched
   std::map<std::uint64_t, std::vector<std::vector<queued>>> data;     // per collective: each rank's buffers
 };
@@ -87,14 +104,39 @@ struct logged {
   fake_nccl::enqueued entry;
   std::size_t position;  // among its stream's entries
 };
-struct edge {
-  const void* from;
-  std::size_t from_count;
-  const void* to;
-  std::size_t to_from;
-};
 std::vector<logged> work_log;
-std::vector<edge> edges;
+// The edges by target and source stream: (to_from, the largest from_count of the edges so far),
+// to_from non-decreasing, so that the closure below finds an edge by binary search.
+std::map<const void*, std::map<const void*, std::vector<std::pair<std::size_t, std::size_t>>>> edges_into;
+
+// How many of each stream's entries must complete before the first `count` entries of `stream`
+// are (the closure of the event edges).
+std::map<const void*, std::size_t> reach_from(const void* stream, std::size_t count) {  // (lock held)
+  std::map<const void*, std::size_t> reach{{stream, count}};
+  std::vector<const void*> work{stream};
+  while (!work.empty()) {
+    const void* u = work.back();
+    work.pop_back();
+    const auto into = edges_into.find(u);
+    if (into == edges_into.end()) continue;
+    const std::size_t r = reach[u];
+    for (const auto& [from, list] : into->second) {
+      // The last edge whose to_from < r.
+      const auto it = std::lower_bound(list.begin(), list.end(), r,
+                                       [](const std::pair<std::size_t, std::size_t>& e, std::size_t v) {
+                                         return e.first < v;
+                                       });
+      if (it == list.begin()) continue;
+      const std::size_t c = std::prev(it)->second;
+      std::size_t& mine = reach[from];
+      if (c > mine) {
+        mine = c;
+        work.push_back(from);
+      }
+    }
+  }
+  return reach;
+}
 std::map<const void*, std::size_t> stream_length;
 
 void log_work(const void* stream, std::string what) {  // (lock held)
@@ -105,29 +147,24 @@ void log_locked(const void* stream, std::string what) {
   log_work(stream, std::move(what));
 }
 
+// For entry b: how many of each stream's entries must complete before b starts (b's own stream
+// counting b itself); an edge into stream u at entry m carries its source's first entries along
+// once m is reached.
+std::map<const void*, std::size_t> reach_of(std::size_t b) {  // (lock held)
+  return reach_from(work_log[b].entry.stream, work_log[b].position + 1);
+}
+bool ordered_by(const std::map<const void*, std::size_t>& reach, std::size_t a, std::size_t b) {  // (lock held)
+  const logged& x = work_log[a];
+  if (x.entry.stream == work_log[b].entry.stream) return x.position < work_log[b].position;
+  const auto it = reach.find(x.entry.stream);
+  return it != reach.end() && x.position < it->second;
+}
+
 // fake_nccl::happens_before, with the lock held.
 bool ordered(std::size_t a, std::size_t b) {  // (lock held)
   if (a >= work_log.size() || b >= work_log.size() || a == b) return false;
-  // reach[s]: how many of stream s's entries precede b, b's own stream counting b itself; an
-  // edge into stream u at entry m carries its source's first entries along once m is reached.
-  const void* const target = work_log[b].entry.stream;
-  std::map<const void*, std::size_t> reach{{target, work_log[b].position + 1}};
-  for (bool grew = true; grew;) {
-    grew = false;
-    for (const edge& e : edges) {
-      const auto it = reach.find(e.to);
-      if (it == reach.end() || e.to_from >= it->second) continue;
-      std::size_t& r = reach[e.from];
-      if (e.from_count > r) {
-        r = e.from_count;
-        grew = true;
-      }
-    }
-  }
-  const logged& x = work_log[a];
-  const auto it = reach.find(x.entry.stream);
-  if (it == reach.end()) return false;
-  return x.entry.stream == target ? x.position < work_log[b].position : x.position < it->second;
+  if (work_log[a].entry.stream == work_log[b].entry.stream) return work_log[a].position < work_log[b].position;
+  return ordered_by(reach_of(b), a, b);
 }
 
 struct allocation {
@@ -135,6 +172,87 @@ struct allocation {
   int device;
 };
 std::map<const char*, allocation> allocations;  // device memory, by base address
+
+// The allocation holding p, or allocations.end().
+std::map<const char*, allocation>::iterator allocation_of(const void* p) {  // (lock held)
+  auto it = allocations.upper_bound(static_cast<const char*>(p));
+  if (it == allocations.begin()) return allocations.end();
+  --it;
+  return static_cast<const char*>(p) < it->first + it->second.bytes ? it : allocations.end();
+}
+
+// The device accesses of each allocation that later ones must be ordered after: a write drops
+// the earlier accesses it covers (anything ordered after it is ordered after them).
+struct access {
+  std::size_t entry;  // its work_log entry
+  std::size_t from, to;
+  bool write;
+};
+std::map<const char*, std::vector<access>> accesses;
+std::map<const void*, std::size_t> host_done;  // per stream: its first n entries the host has seen complete
+
+std::string describe(std::size_t entry) {  // (lock held)
+  char at[32];
+  std::snprintf(at, sizeof at, "%p", work_log[entry].entry.stream);
+  return work_log[entry].entry.what + " (stream " + at + ")";
+}
+
+// Work log entry `entry` reads or writes [p, p + bytes): any earlier conflicting access of that
+// memory must happen before it, or the GPU may run the two in either order.
+void touch(std::size_t entry, const void* p, std::size_t bytes, bool write) {  // (lock held)
+  if (bytes == 0) return;
+  const auto it = allocation_of(p);
+  if (it == allocations.end()) return;  // host memory (a test's own buffers)
+  const std::size_t from = static_cast<std::size_t>(static_cast<const char*>(p) - it->first), to = from + bytes;
+  std::vector<access>& list = accesses[it->first];
+  std::map<const void*, std::size_t> reach;  // computed once, at the first access on another stream
+  bool have_reach = false;
+  for (const access& a : list) {
+    if (a.to <= from || to <= a.from || !(a.write || write) || a.entry == entry) continue;
+    const bool same_stream = work_log[a.entry].entry.stream == work_log[entry].entry.stream;
+    if (!same_stream && !have_reach) {
+      reach = reach_of(entry);
+      have_reach = true;
+    }
+    if (!(same_stream ? work_log[a.entry].position < work_log[entry].position : ordered_by(reach, a.entry, entry))) {
+      seen.violations.push_back(describe(entry) + (write ? " writes" : " reads") + " device memory that " +
+                                describe(a.entry) + (a.write ? " writes" : " reads") +
+                                ", with no stream order or event between them");
+    }
+  }
+  if (write) {
+    std::erase_if(list, [&](const access& a) { return from <= a.from && a.to <= to; });
+  }
+  list.push_back({entry, from, to, write});
+  if (list.size() > 256) list.erase(list.begin());  // bounded: the oldest are long ordered
+}
+void touch_last(const void* p, std::size_t bytes, bool write) {  // the latest entry (lock held)
+  touch(work_log.size() - 1, p, bytes, write);
+}
+
+// The host reads or writes [p, p + bytes) synchronously: every conflicting device access must be
+// complete as far as the host knows (a synchronize, or a completed event after it).
+void host_touch(const void* p, std::size_t bytes, bool write, const char* call) {  // (lock held)
+  const auto it = allocation_of(p);
+  if (it == allocations.end() || bytes == 0) return;
+  const std::size_t from = static_cast<std::size_t>(static_cast<const char*>(p) - it->first), to = from + bytes;
+  for (const access& a : accesses[it->first]) {
+    if (a.to <= from || to <= a.from || !(a.write || write)) continue;
+    const logged& l = work_log[a.entry];
+    if (l.position >= host_done[l.entry.stream]) {
+      seen.violations.push_back(std::string(call) + " on the host " + (write ? "writes" : "reads") +
+                                " device memory that " + describe(a.entry) + (a.write ? " writes" : " reads") +
+                                " and the host has not synchronized with");
+    }
+  }
+}
+
+// The host learns that stream s's first n entries are complete, and with them everything that
+// they were ordered after by events.
+void complete_through(const void* s, std::size_t n) {  // (lock held)
+  const auto reach = reach_from(s, n);
+  for (const auto& [stream, count] : reach) host_done[stream] = std::max(host_done[stream], count);
+}
 bool peer_enabled[8][8] = {};
 
 thread_local int device = 0;
@@ -153,6 +271,10 @@ void violation(const std::string& what) {
 struct ncclComm {
   world* w = nullptr;
   int rank = 0;
+  int device = 0;            // current at its init: its buffers and streams must be this device's
+  bool initialized = false;  // its init completed (successfully or not)
+  last_collective last;      // its latest launched collective (finalize waits for it)
+  int finalize_left = 0;     // polls before a finalize completes
   int init_polls = 0;
   std::uint64_t enqueuing = 0;   // a launched collective whose enqueue is still in progress
   ncclResult_t error = ncclSuccess;
@@ -193,13 +315,96 @@ bool collective_done(const last_collective& l) {
   return true;
 }
 
+// half and bfloat16 as the kernels see them: converted to float, rounded back to nearest even.
+float to_float(mirror::cuda::half h) {
+  const std::uint32_t sign = (h.bits & 0x8000u) << 16, exp = (h.bits >> 10) & 0x1f, man = h.bits & 0x3ffu;
+  std::uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: value man * 2^-24
+    float f = static_cast<float>(man) * 5.9604644775390625e-8f;
+    return sign != 0 ? -f : f;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+float to_float(mirror::cuda::bfloat16 b) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(b.bits) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+template <class H>
+H from_float(float f);
+template <>
+mirror::cuda::bfloat16 from_float(float f) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return {static_cast<std::uint16_t>((bits >> 16) | 0x40u)};  // quiet NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return {static_cast<std::uint16_t>(bits >> 16)};
+}
+template <>
+mirror::cuda::half from_float(float f) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  const std::uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return {static_cast<std::uint16_t>(sign | 0x7e00u)};
+  if (abs >= 0x477ff000u) return {static_cast<std::uint16_t>(sign | 0x7c00u)};  // rounds to infinity
+  if (abs < 0x38800000u) {  // below half's smallest normal: a multiple of 2^-24, rounded to even
+    float a;
+    std::memcpy(&a, &abs, sizeof a);
+    const float units = a * 16777216.0f;  // exact: a power-of-two scale
+    float r = std::nearbyint(units);      // round to nearest even (the default mode)
+    return {static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(r))};
+  }
+  std::uint32_t v = abs - (112u << 23);
+  v += 0xfffu + ((v >> 13) & 1u);
+  return {static_cast<std::uint16_t>(sign | (v >> 13))};
+}
+
+// The arithmetic type of an element type (float for half and bfloat16), and the two conversions.
 template <class T>
-T reduce_two(ncclRedOp_t op, T a, T b) {
+struct num {
+  using A = T;
+  static A load(T x) { return x; }
+  static T store(A x) { return x; }
+};
+template <>
+struct num<mirror::cuda::half> {
+  using A = float;
+  static A load(mirror::cuda::half x) { return to_float(x); }
+  static mirror::cuda::half store(A x) { return from_float<mirror::cuda::half>(x); }
+};
+template <>
+struct num<mirror::cuda::bfloat16> {
+  using A = float;
+  static A load(mirror::cuda::bfloat16 x) { return to_float(x); }
+  static mirror::cuda::bfloat16 store(A x) { return from_float<mirror::cuda::bfloat16>(x); }
+};
+
+// One step of NCCL's reduction in T's arithmetic, rounded to T: floating min and max are fmin and
+// fmax (NCCL's, which drop a NaN operand), integers compare as integers.
+template <class T>
+T reduce_two(ncclRedOp_t op, T x, T y) {
+  using N = num<T>;
+  using A = typename N::A;
+  const A a = N::load(x), b = N::load(y);
   switch (op) {
-    case ncclProd: return static_cast<T>(a * b);
-    case ncclMin: return b < a ? b : a;
-    case ncclMax: return a < b ? b : a;
-    default: return static_cast<T>(a + b);  // ncclSum, ncclAvg (divided at the end)
+    case ncclProd: return N::store(static_cast<A>(a * b));
+    case ncclMin:
+      if constexpr (std::is_floating_point_v<A>) return N::store(std::fmin(a, b));
+      else return b < a ? y : x;
+    case ncclMax:
+      if constexpr (std::is_floating_point_v<A>) return N::store(std::fmax(a, b));
+      else return a < b ? y : x;
+    default: return N::store(static_cast<A>(a + b));  // ncclSum, ncclAvg (pre-multiplied or divided)
   }
 }
 
@@ -247,6 +452,16 @@ void run_call(std::vector<std::vector<queued>>& ranks, std::size_t op) {
     const T* x = static_cast<const T*>(q.send);
     inputs[r].assign(x, x + in_count);
   }
+  using N = num<T>;
+  using A = typename N::A;
+  // ncclAvg of a floating type is NCCL's PreMulSum: each input times 1/N rounded to T, then summed.
+  const bool premul = q0.op == ncclAvg && std::is_floating_point_v<A>;
+  if (premul && (q0.what == kind::all_reduce || q0.what == kind::reduce_scatter)) {
+    const A scale = N::load(N::store(static_cast<A>(1.0 / static_cast<double>(n_ranks))));
+    for (auto& in : inputs) {
+      for (T& x : in) x = N::store(static_cast<A>(N::load(x) * scale));
+    }
+  }
   switch (q0.what) {
     case kind::all_reduce:
     case kind::reduce_scatter: {
@@ -254,8 +469,8 @@ void run_call(std::vector<std::vector<queued>>& ranks, std::size_t op) {
       for (std::size_t r = 1; r < n_ranks; ++r) {
         for (std::size_t i = 0; i < in_count; ++i) acc[i] = reduce_two(q0.op, acc[i], inputs[r][i]);
       }
-      if (q0.op == ncclAvg) {
-        for (T& a : acc) a = static_cast<T>(a / static_cast<T>(n_ranks));
+      if (q0.op == ncclAvg && !premul) {  // integers: NCCL's SumPostDiv
+        for (T& a : acc) a = N::store(static_cast<A>(N::load(a) / static_cast<A>(n_ranks)));
       }
       for (std::size_t r = 0; r < n_ranks; ++r) {
         const std::size_t from = q0.what == kind::reduce_scatter ? r * c : 0;
@@ -290,6 +505,8 @@ void run_group(std::vector<std::vector<queued>>& ranks) {
       case ncclInt32: run_call<std::int32_t>(ranks, op); break;
       case ncclInt64: run_call<std::int64_t>(ranks, op); break;
       case ncclFloat32: run_call<float>(ranks, op); break;
+      case ncclFloat16: run_call<mirror::cuda::half>(ranks, op); break;
+      case ncclBfloat16: run_call<mirror::cuda::bfloat16>(ranks, op); break;
       default: seen.violations.push_back("an element type the fake does not model"); return;
     }
   }
@@ -307,7 +524,9 @@ void reset(const script& s) {
   all_comms.clear();
   stream_last.clear();
   work_log.clear();
-  edges.clear();
+  edges_into.clear();
+  host_done.clear();
+  accesses.clear();
   stream_length.clear();
   for (auto& row : peer_enabled) {
     for (bool& b : row) b = false;
@@ -381,12 +600,23 @@ cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int d) {
   std::snprintf(id, static_cast<std::size_t>(len), "0000:%02x:00.0", 0x10 + d);
   return cudaSuccess;
 }
-cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) {
-  *can = plan.can_access_peer ? 1 : 0;
+namespace {
+bool can_access(int from, int to) {
+  if (!plan.can_access_peer) return false;
+  for (const auto& [a, b] : plan.no_peer_access) {
+    if (a == from && b == to) return false;
+  }
+  return true;
+}
+}  // namespace
+cudaError_t cudaDeviceCanAccessPeer(int* can, int d, int peer) {
+  *can = d != peer && can_access(d, peer) ? 1 : 0;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int) {
   if (plan.enable_peer_error != 0) return last = static_cast<cudaError_t>(plan.enable_peer_error);
+  if (peer < 0 || peer >= plan.devices) return last = cudaErrorInvalidDevice;
+  if (!can_access(device, peer)) return last = cudaErrorPeerAccessUnsupported;
   std::lock_guard g(lock);
   if (peer_enabled[device][peer]) return last = cudaErrorPeerAccessAlreadyEnabled;
   peer_enabled[device][peer] = true;
@@ -400,19 +630,35 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   *s = new CUstream_st{-1, device};
   return cudaSuccess;
 }
+namespace {
+// Destroyed streams are kept, so that no new stream reuses an address the log still names.
+std::vector<std::unique_ptr<CUstream_st>> destroyed_streams;
+}  // namespace
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete s;
+  std::lock_guard g(lock);
+  complete_through(s, stream_length[s]);  // CUDA completes its work first
+  destroyed_streams.emplace_back(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  std::lock_guard g(lock);
+  complete_through(s, stream_length[s]);
+  return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   std::lock_guard g(lock);
   if (e->recorded_on != nullptr && e->recorded_on != s) {
-    edges.push_back({e->recorded_on, e->recorded_after, s, stream_length[s]});
+    auto& list = edges_into[s][e->recorded_on];
+    const std::size_t most = list.empty() ? e->recorded_after : std::max(list.back().second, e->recorded_after);
+    list.emplace_back(stream_length[s], most);
   }
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  std::lock_guard g(lock);
+  for (const auto& [stream, n] : stream_length) host_done[stream] = n;
+  return cudaSuccess;
+}
 cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   if (bytes > (std::size_t{1} << 36)) return last = cudaErrorMemoryAllocation;
   char* mem = new char[bytes];
@@ -426,6 +672,7 @@ cudaError_t cudaFree(void* p) {
   std::lock_guard g(lock);
   const auto it = allocations.find(static_cast<const char*>(p));
   if (it == allocations.end()) return last = cudaErrorInvalidValue;
+  accesses.erase(it->first);  // cudaFree waits for the device's work on it
   delete[] it->first;
   allocations.erase(it);
   return cudaSuccess;
@@ -446,12 +693,18 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind) {
+  std::lock_guard g(lock);
+  host_touch(src, n, false, "cudaMemcpy");
+  host_touch(dst, n, true, "cudaMemcpy");
   std::memcpy(dst, src, n);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind, cudaStream_t s) {
   std::memcpy(dst, src, n);
-  log_locked(s, "cudaMemcpyAsync");
+  std::lock_guard g(lock);
+  log_work(s, "cudaMemcpyAsync");
+  touch_last(src, n, false);
+  touch_last(dst, n, true);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
@@ -461,7 +714,14 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                               std::size_t height, cudaMemcpyKind, cudaStream_t s) {
-  log_locked(s, "cudaMemcpy2DAsync");
+  if (height > 0) {
+    std::lock_guard g(lock);
+    log_work(s, "cudaMemcpy2DAsync");
+    touch_last(src, spitch * (height - 1) + width, false);
+    touch_last(dst, dpitch * (height - 1) + width, true);
+  } else {
+    log_locked(s, "cudaMemcpy2DAsync");
+  }
   if (width > dpitch || width > spitch) return last = cudaErrorInvalidPitchValue;
   if (dpitch > plan.max_pitch || spitch > plan.max_pitch) {
     violation("cudaMemcpy2DAsync with a pitch above cudaDevAttrMaxPitch");
@@ -474,7 +734,11 @@ cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, st
 }
 cudaError_t cudaMemset2DAsync(void* p, std::size_t pitch, int value, std::size_t width, std::size_t height,
                               cudaStream_t s) {
-  log_locked(s, "cudaMemset2DAsync");
+  {
+    std::lock_guard g(lock);
+    log_work(s, "cudaMemset2DAsync");
+    if (height > 0) touch_last(p, pitch * (height - 1) + width, true);
+  }
   if (width > pitch) return last = cudaErrorInvalidPitchValue;
   if (pitch > plan.max_pitch) {
     violation("cudaMemset2DAsync with a pitch above cudaDevAttrMaxPitch");
@@ -487,13 +751,18 @@ cudaError_t cudaMemcpyPeerAsync(void* dst, int, const void* src, int, std::size_
   std::memcpy(dst, src, n);
   std::lock_guard g(lock);
   log_work(s, "cudaMemcpyPeerAsync");
+  touch_last(src, n, false);
+  touch_last(dst, n, true);
   ++seen.peer_copies;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   std::lock_guard g(lock);
-  if (collective_done(e->waits_for)) return cudaSuccess;
+  if (collective_done(e->waits_for)) {
+    if (e->recorded_on != nullptr) complete_through(e->recorded_on, e->recorded_after);
+    return cudaSuccess;
+  }
   ++seen.not_ready_queries;
   return last = cudaErrorNotReady;  // the runtime leaves it as the thread's last error
 }
@@ -504,7 +773,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 namespace {
 
 // cudaSuccess, or why this launch on `s` touching `ptrs` would fail on a GPU.
-cudaError_t launch_error(cudaStream_t s, std::span<const void* const> ptrs) {
+cudaError_t launch_error(cudaStream_t s, std::span<const void* const> ptrs, std::size_t* entry = nullptr) {
   const cudaError_t stale = last;
   last = cudaSuccess;
   if (stale != cudaSuccess) return stale;
@@ -528,25 +797,58 @@ cudaError_t launch_error(cudaStream_t s, std::span<const void* const> ptrs) {
   }
   ++seen.launches;
   log_work(s, "kernel");
+  if (entry != nullptr) *entry = work_log.size() - 1;
   return cudaSuccess;
 }
 
+// The kernel at log entry `entry` reads `in` and writes `out`, n elements of `bytes` each.
+void kernel_touches(std::size_t entry, std::span<const void* const> in, std::span<void* const> out, std::size_t n,
+                    std::size_t bytes) {
+  std::lock_guard g(lock);
+  for (const void* p : in) touch(entry, p, n * bytes, false);
+  for (void* p : out) touch(entry, p, n * bytes, true);
+}
+
+
+
+// As kernels.cu computes: in the arithmetic type, min and max as mirror::detail's, each result
+// rounded to the element type.
 template <class T>
 void combine(mirror::ReduceOp op, T* d, const T* s, std::size_t n) {
+  using N = num<T>;
+  using A = typename N::A;
   for (std::size_t i = 0; i < n; ++i) {
+    const A a = N::load(d[i]), b = N::load(s[i]);
     switch (op) {
       case mirror::ReduceOp::sum:
-      case mirror::ReduceOp::mean: d[i] = static_cast<T>(d[i] + s[i]); break;
-      case mirror::ReduceOp::prod: d[i] = static_cast<T>(d[i] * s[i]); break;
-      case mirror::ReduceOp::min: d[i] = s[i] < d[i] ? s[i] : d[i]; break;
-      case mirror::ReduceOp::max: d[i] = d[i] < s[i] ? s[i] : d[i]; break;
+      case mirror::ReduceOp::mean: d[i] = N::store(static_cast<A>(a + b)); break;
+      case mirror::ReduceOp::prod: d[i] = N::store(static_cast<A>(a * b)); break;
+      case mirror::ReduceOp::min: d[i] = N::store(mirror::detail::minimum(a, b)); break;
+      case mirror::ReduceOp::max: d[i] = N::store(mirror::detail::maximum(a, b)); break;
     }
   }
 }
 
 template <class T>
 void divide(T* p, std::size_t n, std::size_t count) {
-  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(count));
+  using N = num<T>;
+  using A = typename N::A;
+  for (std::size_t i = 0; i < n; ++i) p[i] = N::store(static_cast<A>(N::load(p[i]) / static_cast<A>(count)));
+}
+
+// Calls f with a null pointer of the element type of `type`; false for a type the fake lacks.
+template <class F>
+bool with_element(mirror::detail::element_kind type, F&& f) {
+  using mirror::cuda::kind_code;
+  switch (type.code()) {
+    case kind_code<float>: f(static_cast<float*>(nullptr)); return true;
+    case kind_code<double>: f(static_cast<double*>(nullptr)); return true;
+    case kind_code<mirror::cuda::half>: f(static_cast<mirror::cuda::half*>(nullptr)); return true;
+    case kind_code<mirror::cuda::bfloat16>: f(static_cast<mirror::cuda::bfloat16*>(nullptr)); return true;
+    case kind_code<std::int32_t>: f(static_cast<std::int32_t*>(nullptr)); return true;
+    case kind_code<std::int64_t>: f(static_cast<std::int64_t*>(nullptr)); return true;
+  }
+  return false;
 }
 
 // launch_fold_into_all as its contract says: combine from part 0 in order, divide for mean, write
@@ -566,53 +868,40 @@ void fold(mirror::ReduceOp op, void* const* parts, int count, std::size_t n) {
 namespace mirror::cuda::impl {
 int launch_divide(void* stream, detail::element_kind type, void* p, std::size_t n, std::size_t count) noexcept {
   const void* const touched[] = {p};
-  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched)) return static_cast<int>(e);
-  switch (type.code()) {
-    case kind_code<float>: divide(static_cast<float*>(p), n, count); break;
-    case kind_code<double>: divide(static_cast<double*>(p), n, count); break;
-    case kind_code<std::int32_t>: divide(static_cast<std::int32_t*>(p), n, count); break;
-    case kind_code<std::int64_t>: divide(static_cast<std::int64_t*>(p), n, count); break;
-    default: return cudaErrorNotSupported;
-  }
-  return 0;
+  std::size_t entry = 0;
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched, &entry)) return static_cast<int>(e);
+  void* const out[] = {p};
+  kernel_touches(entry, {}, out, n, type.bytes);
+  const bool known = with_element(type, [&]<class T>(T*) { divide(static_cast<T*>(p), n, count); });
+  return known ? 0 : static_cast<int>(cudaErrorNotSupported);
 }
 int launch_combine(void* stream, ReduceOp op, detail::element_kind type, void* dst, const void* src, std::size_t n) noexcept {
   const void* const touched[] = {dst, src};
-  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched)) return static_cast<int>(e);
-  switch (type.code()) {
-    case kind_code<float>: combine(op, static_cast<float*>(dst), static_cast<const float*>(src), n); break;
-    case kind_code<double>: combine(op, static_cast<double*>(dst), static_cast<const double*>(src), n); break;
-    case kind_code<std::int32_t>:
-      combine(op, static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(src), n);
-      break;
-    case kind_code<std::int64_t>:
-      combine(op, static_cast<std::int64_t*>(dst), static_cast<const std::int64_t*>(src), n);
-      break;
-    default: return cudaErrorNotSupported;
-  }
-  return 0;
+  std::size_t entry = 0;
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched, &entry)) return static_cast<int>(e);
+  const void* const in[] = {src, dst};
+  void* const out[] = {dst};
+  kernel_touches(entry, in, out, n, type.bytes);
+  const bool known =
+      with_element(type, [&]<class T>(T*) { combine(op, static_cast<T*>(dst), static_cast<const T*>(src), n); });
+  return known ? 0 : static_cast<int>(cudaErrorNotSupported);
 }
 
 int launch_fold_into_all(void* stream, ReduceOp op, detail::element_kind type, void* const* parts, int count,
                          std::size_t n) noexcept {
   if (count < 1 || count > max_fold_parts) return cudaErrorInvalidValue;
-  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream),
-                                         std::span<const void* const>(const_cast<const void* const*>(parts),
-                                                                      static_cast<std::size_t>(count)))) {
+  const std::span<const void* const> touched(const_cast<const void* const*>(parts), static_cast<std::size_t>(count));
+  std::size_t entry = 0;
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched, &entry)) {
     return static_cast<int>(e);
   }
+  kernel_touches(entry, touched, std::span<void* const>(parts, static_cast<std::size_t>(count)), n, type.bytes);
   {
     std::lock_guard g(lock);
     ++seen.folds;
   }
-  switch (type.code()) {
-    case kind_code<float>: fold<float>(op, parts, count, n); break;
-    case kind_code<double>: fold<double>(op, parts, count, n); break;
-    case kind_code<std::int32_t>: fold<std::int32_t>(op, parts, count, n); break;
-    case kind_code<std::int64_t>: fold<std::int64_t>(op, parts, count, n); break;
-    default: return cudaErrorNotSupported;
-  }
-  return 0;
+  const bool known = with_element(type, [&]<class T>(T*) { fold<T>(op, parts, count, n); });
+  return known ? 0 : static_cast<int>(cudaErrorNotSupported);
 }
 }  // namespace mirror::cuda::impl
 
@@ -628,7 +917,7 @@ const char* ncclGetErrorString(ncclResult_t r) {
   }
 }
 ncclResult_t ncclGetVersion(int* v) {
-  *v = 22809;
+  *v = plan.version;
   return ncclSuccess;
 }
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
@@ -650,30 +939,102 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
     w = std::make_unique<world>();
     w->nranks = nranks;
     w->launched.assign(static_cast<std::size_t>(nranks), 0);
+    w->device.assign(static_cast<std::size_t>(nranks), -1);
   }
   auto c = std::make_unique<ncclComm>();
   c->w = w.get();
   c->rank = rank;
+  c->device = device;
   c->init_polls = plan.init_polls;
-  c->error = static_cast<ncclResult_t>(plan.init_async);
+  c->error = static_cast<ncclResult_t>(rank == plan.fail_init_rank ? ncclSystemError : plan.init_async);
+  ++w->joined;
+  w->device[static_cast<std::size_t>(rank)] = device;
   *comm = c.get();
   all_comms.push_back(std::move(c));
   return ncclInProgress;
 }
 namespace {
 // What every collective call does here: the rules, the count, a scripted failure, and the call
-// queued on the thread's group.
+// queued on the thread's group. A communicator works on its own device's memory and streams:
+// NCCL does not check a buffer's device (unless NCCL_CHECK_POINTERS=1) and would work on another
+// GPU's memory through peer access, so either is a violation.
 ncclResult_t queue(const queued& q, int& counter) {
   const inside in(q.comm, name_of(q.what));
   if (depth == 0) violation(std::string(name_of(q.what)) + " outside a group");
+  if (!q.comm->initialized) violation(std::string(name_of(q.what)) + " before the communicator's init completed");
+  const int d = q.comm->device;
+  if (q.stream != nullptr && q.stream->rank < 0 && q.stream->device != d) {
+    violation(std::string(name_of(q.what)) + " on a stream of device " + std::to_string(q.stream->device) +
+              " for a communicator of device " + std::to_string(d));
+  }
   int call = 0;
   {
     std::lock_guard g(lock);
+    for (const void* p : {q.send, static_cast<const void*>(q.recv)}) {
+      const auto it = allocation_of(p);
+      if (it != allocations.end() && it->second.device != d) {
+        seen.violations.push_back(std::string(name_of(q.what)) + " with a buffer of device " +
+                                  std::to_string(it->second.device) + " on a communicator of device " +
+                                  std::to_string(d));
+      }
+    }
     call = ++counter;
   }
   if (q.what == kind::all_reduce && call == plan.fail_all_reduce_call) return group_error = ncclInvalidArgument;
   group_ops.push_back(q);
   return ncclSuccess;
+}
+
+std::size_t element_bytes(ncclDataType_t t) {
+  switch (t) {
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclFloat64:
+    case ncclInt64:
+    case ncclUint64: return 8;
+    case ncclInt8:
+    case ncclUint8: return 1;
+    default: return 4;
+  }
+}
+
+// One communicator's calls of a group, launched: its rank's part of the collective, run once
+// every rank has launched its part. (lock held)
+void launch(ncclComm* c, const std::vector<queued>& ops) {
+  world& w = *c->w;
+  const std::uint64_t seq = ++w.launched[static_cast<std::size_t>(c->rank)];
+  auto& per_rank = w.data[seq];
+  per_rank.resize(static_cast<std::size_t>(w.nranks));
+  per_rank[static_cast<std::size_t>(c->rank)] = ops;
+  stream_last[ops[0].stream] = {&w, seq, c->rank};
+  c->last = {&w, seq, c->rank};
+  // NCCL runs a communicator's calls in the order they reach the GPU: a call on another stream
+  // than the one before must come after it by stream order (events), or the GPU may run them
+  // in another order on each rank.
+  const std::size_t first = work_log.size();
+  for (const queued& q : ops) {
+    log_work(q.stream, name_of(q.what));
+    const std::size_t n = w.nranks;
+    const std::size_t in = q.what == kind::reduce_scatter ? q.count * n : q.count;
+    const std::size_t out = q.what == kind::all_gather ? q.count * n : q.count;
+    const std::size_t b = element_bytes(q.type);
+    if (q.what != kind::broadcast || q.root == c->rank) touch_last(q.send, in * b, false);
+    touch_last(q.recv, out * b, true);
+  }
+  if (c->last_work != static_cast<std::size_t>(-1) && !ordered(c->last_work, first)) {
+    seen.violations.push_back(std::string(name_of(ops[0].what)) + " on a stream not ordered after the " +
+                              "communicator's previous call (NCCL needs its calls in one order on every rank)");
+  }
+  c->last_work = work_log.size() - 1;
+  ++seen.groups_launched;
+  bool all = true;
+  for (const std::uint64_t n : w.launched) all = all && n >= seq;
+  if (all) {
+    run_group(per_rank);
+    w.data.erase(seq);
+  }
+  if (plan.group_end == ncclInProgress) c->enqueuing = seq;
+  else if (plan.enqueue_async != ncclSuccess) c->error = static_cast<ncclResult_t>(plan.enqueue_async);
 }
 }  // namespace
 
@@ -707,46 +1068,51 @@ ncclResult_t ncclGroupEnd() {
     return e;
   }
   if (ops.empty()) return ncclInProgress;  // communicator creation
-  ncclComm* c = ops[0].comm;
-  const inside in(c, "ncclGroupEnd");
+  // A group may span several communicators (one thread driving several ranks): each launches its
+  // own calls, in the order they were made.
+  std::vector<std::pair<ncclComm*, std::vector<queued>>> by_comm;
+  for (const queued& q : ops) {
+    auto it = std::find_if(by_comm.begin(), by_comm.end(), [&](const auto& e) { return e.first == q.comm; });
+    if (it == by_comm.end()) it = by_comm.insert(by_comm.end(), {q.comm, {}});
+    it->second.push_back(q);
+  }
+  std::vector<std::unique_ptr<inside>> in;
+  for (const auto& e : by_comm) in.push_back(std::make_unique<inside>(e.first, "ncclGroupEnd"));
   std::lock_guard g(lock);
-  world& w = *c->w;
-  const std::uint64_t seq = ++w.launched[static_cast<std::size_t>(c->rank)];
-  auto& per_rank = w.data[seq];
-  per_rank.resize(static_cast<std::size_t>(w.nranks));
-  per_rank[static_cast<std::size_t>(c->rank)] = ops;
-  stream_last[ops[0].stream] = {&w, seq, c->rank};
-  // NCCL runs a communicator's calls in the order they reach the GPU: a call on another stream
-  // than the one before must come after it by stream order (events), or the GPU may run them
-  // in another order on each rank.
-  const std::size_t first = work_log.size();
-  for (const queued& q : ops) log_work(q.stream, name_of(q.what));
-  if (c->last_work != static_cast<std::size_t>(-1) && !ordered(c->last_work, first)) {
-    seen.violations.push_back(std::string(name_of(ops[0].what)) + " on a stream not ordered after the " +
-                              "communicator's previous call (NCCL needs its calls in one order on every rank)");
-  }
-  c->last_work = work_log.size() - 1;
-  ++seen.groups_launched;
-  bool all = true;
-  for (const std::uint64_t n : w.launched) all = all && n >= seq;
-  if (all) {
-    run_group(per_rank);
-    w.data.erase(seq);
-  }
-  if (plan.group_end == ncclInProgress) c->enqueuing = seq;
-  else if (plan.enqueue_async != ncclSuccess) c->error = static_cast<ncclResult_t>(plan.enqueue_async);
+  for (const auto& [c, calls] : by_comm) launch(c, calls);
   return static_cast<ncclResult_t>(plan.group_end);
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   const inside in(comm, "ncclCommGetAsyncError");
   std::lock_guard g(lock);
-  if (comm->finalizing && plan.finalize_hangs) {
-    *state = ncclInProgress;
-    return ncclSuccess;
+  if (!comm->initialized) {
+    // Init completes once every rank joined (those of other processes count as joined), after
+    // the scripted polls; a rank scripted to fail fails, and the others wait for it for ever.
+    world& w = *comm->w;
+    const bool joined = w.joined + plan.ranks_elsewhere >= w.nranks;
+    const bool failing = plan.fail_init_rank >= 0 && plan.fail_init_rank < w.nranks;
+    if (!joined || comm->init_polls > 0 || (failing && comm->rank != plan.fail_init_rank)) {
+      if (joined && comm->init_polls > 0) --comm->init_polls;
+      *state = ncclInProgress;
+      return ncclSuccess;
+    }
+    comm->initialized = true;
+    const char* shared = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+    const bool duplicates_allowed = plan.version >= 23000 && shared != nullptr && std::string(shared) == "1";
+    for (int r = 0; r < w.nranks && !duplicates_allowed; ++r) {
+      if (r != comm->rank && w.device[static_cast<std::size_t>(r)] == comm->device && comm->error == ncclSuccess) {
+        comm->error = ncclInvalidUsage;  // NCCL: "Duplicate GPU detected"
+      }
+    }
   }
-  if (comm->init_polls > 0) {
-    --comm->init_polls;
-    *state = ncclInProgress;
+  if (comm->finalizing) {
+    const bool drained = collective_done(comm->last);
+    if (plan.finalize_hangs || !drained || comm->finalize_left > 0) {
+      if (drained && comm->finalize_left > 0) --comm->finalize_left;
+      *state = ncclInProgress;
+      return ncclSuccess;
+    }
+    *state = ncclSuccess;
     return ncclSuccess;
   }
   if (comm->enqueuing != 0) {
@@ -769,21 +1135,30 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   ++seen.aborts;
   return ncclSuccess;
 }
+// Non-blocking finalize (NCCL's documentation): it returns ncclInProgress, completes once the
+// communicator's outstanding collectives have, and ncclCommGetAsyncError says when; destroy is
+// allowed only after that (without a finalize, destroy finalizes itself).
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   const inside in(comm, "ncclCommFinalize");
   std::lock_guard g(lock);
+  if (comm->finalizing) violation("ncclCommFinalize twice");
   comm->finalizing = true;
-  return plan.finalize_hangs ? ncclInProgress : ncclSuccess;
+  comm->finalize_left = plan.finalize_polls;
+  const bool done = !plan.finalize_hangs && plan.finalize_polls == 0 && collective_done(comm->last);
+  return done ? ncclSuccess : ncclInProgress;
 }
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   {
     const inside in(comm, "ncclCommDestroy");
   }
-  if (comm->finalizing && plan.finalize_hangs) {
-    // NCCL frees a communicator only once its finalize has completed; one still in progress
-    // must be aborted instead.
-    violation("ncclCommDestroy of a communicator whose ncclCommFinalize is still in progress");
-    return ncclInProgress;
+  {
+    std::lock_guard g(lock);
+    if (comm->finalizing && (plan.finalize_hangs || comm->finalize_left > 0 || !collective_done(comm->last))) {
+      // NCCL frees a communicator only once its finalize has completed; one still in progress
+      // must be aborted instead.
+      seen.violations.push_back("ncclCommDestroy of a communicator whose ncclCommFinalize is still in progress");
+      return ncclInProgress;
+    }
   }
   comm->destroyed = true;
   std::lock_guard g(lock);

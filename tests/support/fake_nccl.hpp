@@ -6,9 +6,16 @@
 // libmirror_nccl's object with the fake instead of libcudart and libnccl. "GPUs" are numbers,
 // their memory is host memory that the fake tracks, a "stream" belongs to the device current
 // when it was made (tests may make their own: fake_nccl::stream), and ranks are threads. The
-// fake checks CUDA's and NCCL's rules as it goes and records what breaks them.
+// fake checks CUDA's and NCCL's rules as it goes and records what breaks them. What it models of
+// NCCL and CUDA, each with a test in tests/backends/nccl/fake_rules_test.cpp: device bookkeeping
+// (a communicator's buffers and stream on its own device; two ranks of one communicator on one
+// device refused at init), an init that completes only once every rank joined, asynchronous
+// work ordered only by streams and events (a missing wait is a violation), ncclAvg as NCCL
+// computes it, NCCL's min and max with NaNs, half and bfloat16, the 2D copies' pitch limit,
+// partial and one-way peer access, non-blocking finalize, and groups over several communicators.
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct CUstream_st {
@@ -33,6 +40,15 @@ struct script {
   int enable_peer_error = 0;    // what cudaDeviceEnablePeerAccess fails with (0: it succeeds)
   bool finalize_hangs = false;  // ncclCommFinalize never completes (the state stays ncclInProgress)
   std::size_t max_pitch = 2147483647;  // cudaDevAttrMaxPitch; 2D copies and sets refuse a larger pitch
+  int ranks_elsewhere = 0;      // ranks of each communicator in other processes (a multi-process test,
+                                // each process with its own fake): joined at init, never launching here
+  int fail_init_rank = -1;      // this rank's init fails (ncclSystemError); the others wait for it
+  std::vector<std::pair<int, int>> no_peer_access{};  // (device, peer) pairs that cannot access: one-way if
+                                                    // only one direction is listed
+  int finalize_polls = 2;       // polls of ncclCommGetAsyncError that answer ncclInProgress after
+                                // ncclCommFinalize (which itself returns ncclInProgress when > 0)
+  int version = 22809;          // ncclGetVersion; from 23000 on, NCCL_MULTI_RANK_GPU_ENABLE=1 lifts
+                                // the duplicate-GPU check, as NCCL 2.30 does
 };
 void reset(const script& s = {});
 

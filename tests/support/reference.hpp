@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #include <mirror/reduce_op.hpp>
 
@@ -79,6 +80,34 @@ std::vector<T> serial_reference(ReduceOp op, int replicas, std::size_t n) {
     for (int r = 1; r < replicas; ++r) acc = fold(op, acc, input_value<T>(op, r, i));
     if (op == ReduceOp::mean) acc = static_cast<T>(acc / static_cast<T>(replicas));
     out[i] = acc;
+  }
+  tile(out, n);
+  return out;
+}
+
+/// One element of the serial reference as NCCL computes it: as serial_reference, except that a
+/// floating-point `mean` is ncclAvg's, the sum in replica order of each input multiplied by 1/R
+/// rounded to T (exact, and then equal to serial_reference's, where R is a power of two).
+template <class T, class Input>
+T nccl_fold(ReduceOp op, int replicas, Input&& x) {
+  if (op == ReduceOp::mean && std::is_floating_point_v<T>) {
+    const T scale = static_cast<T>(1.0 / static_cast<double>(replicas));
+    T acc = static_cast<T>(x(0) * scale);
+    for (int r = 1; r < replicas; ++r) acc = static_cast<T>(acc + static_cast<T>(x(r) * scale));
+    return acc;
+  }
+  T acc = x(0);
+  for (int r = 1; r < replicas; ++r) acc = fold(op, acc, x(r));
+  if (op == ReduceOp::mean) acc = static_cast<T>(acc / static_cast<T>(replicas));
+  return acc;
+}
+
+/// serial_reference as NCCL computes it (nccl_fold): the reference for ops::NcclAllReduce.
+template <class T>
+std::vector<T> nccl_reference(ReduceOp op, int replicas, std::size_t n) {
+  std::vector<T> out(std::min(n, input_period));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i] = nccl_fold<T>(op, replicas, [&](int r) { return input_value<T>(op, r, i); });
   }
   tile(out, n);
   return out;

@@ -104,6 +104,7 @@ TEST_CASE("nccl: the default ops on devices::Cuda, and settings NCCL cannot run"
   const std::string shared = NcclAllReduce::refusal(1, 4);
   REQUIRE_THAT(shared, Catch::Contains("replicas_per_gpu = 4") && Catch::Contains("ReductionToOneDevice") &&
                            Catch::Contains("HierarchicalCopy"));
+  REQUIRE(NcclAllReduce::refusal(1, 4, true).empty());  // NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1
   REQUIRE_THAT(NcclAllReduce::refusal(-1, 1), Catch::Contains("num_packs must be >= 0"));
 }
 

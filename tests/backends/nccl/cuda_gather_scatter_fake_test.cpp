@@ -15,6 +15,7 @@
 #include <string>
 #include <span>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 #include <mirror/mirror.hpp>
 #include "support/fake_nccl.hpp"
@@ -56,7 +57,10 @@ TEMPLATE_TEST_CASE("cuda (fake GPUs): reduce_scatter of vectors of two element t
                                 std::size_t{12}, std::size_t{50}}) {
       for (const auto op : mirror::test::all_ops) {
         CAPTURE(n, mirror::to_string(op));
-        const auto want_f = mirror::test::serial_reference<float>(op, replicas, n);
+        // (NCCL's mean of floats pre-multiplies: mirror::test::nccl_reference.)
+        const auto want_f = std::is_same_v<TestType, mirror::ops::NcclAllReduce>
+                                ? mirror::test::nccl_reference<float>(op, replicas, n)
+                                : mirror::test::serial_reference<float>(op, replicas, n);
         const auto want_i = mirror::test::serial_reference<std::int64_t>(op, replicas, n + 1);
         const auto out = s.run([&](auto& ctx) {
           const int r = ctx.replica_id_in_sync_group();

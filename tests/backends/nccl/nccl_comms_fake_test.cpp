@@ -288,9 +288,7 @@ T input(int r, std::size_t k, std::size_t i) {
 // is that sum divided as C++ divides T.
 template <class T>
 T reference(ReduceOp op, int N, std::size_t k, std::size_t i) {
-  T acc = input<T>(0, k, i);
-  for (int r = 1; r < N; ++r) acc = mirror::test::fold(op, acc, input<T>(r, k, i));
-  return op == ReduceOp::mean ? static_cast<T>(acc / static_cast<T>(N)) : acc;
+  return mirror::test::nccl_fold<T>(op, N, [&](int r) { return input<T>(r, k, i); });
 }
 
 template <class T>

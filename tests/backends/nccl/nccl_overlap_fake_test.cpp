@@ -71,9 +71,9 @@ TEST_CASE("nccl (fake GPUs): all_reduce_async gives the serial reference and the
     for (const auto op : mirror::test::all_ops) {
       CAPTURE(packs, mirror::to_string(op));
       const std::size_t n = 7, m = 5;
-      const auto want_a = mirror::test::serial_reference<float>(op, replicas, n);
-      const auto want_b = mirror::test::serial_reference<std::int64_t>(op, replicas, m);
-      const auto want_h = mirror::test::serial_reference<double>(op, replicas, m + 1);
+      const auto want_a = mirror::test::nccl_reference<float>(op, replicas, n);
+      const auto want_b = mirror::test::nccl_reference<std::int64_t>(op, replicas, m);
+      const auto want_h = mirror::test::nccl_reference<double>(op, replicas, m + 1);
       std::array<std::vector<float>, replicas> got_a, blocking_a;
       std::array<std::vector<std::int64_t>, replicas> got_b;
       std::array<std::vector<double>, replicas> got_h;
@@ -218,7 +218,7 @@ TEST_CASE("nccl (fake GPUs): a started reduce-scatter runs on the communication 
   fake_nccl::reset({.devices = replicas});
   nccl_strategy s{{.gpus = {0, 1, 2}}, mirror::ops::NcclAllReduce{}};
   constexpr std::size_t n = 7;  // ragged: through the communication scratch and its copies
-  const auto want = mirror::test::serial_reference<float>(ReduceOp::sum, replicas, n);
+  const auto want = mirror::test::nccl_reference<float>(ReduceOp::sum, replicas, n);
   std::array<std::size_t, replicas> before{}, between{}, after{};
   std::array<std::vector<float>, replicas> got;
   s.run([&](auto& ctx) {
@@ -256,7 +256,7 @@ TEST_CASE("nccl (fake GPUs): sharded gradient buckets of GPU leaves reduce-scatt
   nccl_strategy s{{.gpus = {0, 1, 2}}, mirror::ops::NcclAllReduce{}};
   // One flat buffer cut into layers of 6, 3 and 12 floats (multiples of 3: no padding copies).
   const std::size_t sizes[] = {6, 3, 12}, offsets[] = {0, 6, 9}, flat = 21;
-  const auto want = mirror::test::serial_reference<float>(ReduceOp::sum, replicas, flat);
+  const auto want = mirror::test::nccl_reference<float>(ReduceOp::sum, replicas, flat);
   std::array<std::vector<float>, replicas> got;
   std::array<std::size_t, replicas> buckets{};
   const int calls_before = fake_nccl::snapshot().reduce_scatter_calls;
@@ -324,8 +324,8 @@ TEST_CASE("nccl (fake GPUs): gradient buckets of GPU leaves reduce runs of adjac
   // elsewhere, so it is a bucket alone; then {3, 2}, then {1, 0}.
   const std::size_t sizes[] = {6, 2, 10, 4};
   const std::size_t flat = 22, other = 5;
-  const auto want_flat = mirror::test::serial_reference<float>(ReduceOp::sum, replicas, flat);
-  const auto want_other = mirror::test::serial_reference<float>(ReduceOp::sum, replicas, other);
+  const auto want_flat = mirror::test::nccl_reference<float>(ReduceOp::sum, replicas, flat);
+  const auto want_other = mirror::test::nccl_reference<float>(ReduceOp::sum, replicas, other);
   std::array<std::vector<float>, replicas> got_flat, got_other;
   std::array<std::size_t, replicas> buckets{};
   const int before = fake_nccl::snapshot().all_reduce_calls;
