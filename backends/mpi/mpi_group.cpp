@@ -200,6 +200,11 @@ group::group(const group_options& o) : impl_(new impl()) {
 
 group::~group() {
   impl& m = *impl_;
+  {
+    std::lock_guard lock(m.listener_mutex);
+    if (m.device_listener != nullptr) m.device_listener->group_gone();
+    m.device_listener = nullptr;
+  }
   m.shutdown();
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -358,6 +363,23 @@ void group::report_failure(int global_replica, const std::exception_ptr& failure
     m.local_failed_phase.store(now, std::memory_order_release);
   } catch (...) {
     return;  // out of memory while describing: the peers will time out instead
+  }
+  m.wake_comm.notify_one();
+}
+
+void group::set_device_abort_listener(device_abort_listener* listener) noexcept {
+  std::lock_guard lock(impl_->listener_mutex);
+  impl_->device_listener = listener;
+}
+
+void group::report_device_abort(const std::string& why) noexcept {
+  impl& m = *impl_;
+  try {
+    std::lock_guard lock(m.mutex);
+    if (m.shut_down || m.W == 1) return;
+    m.device_abort = why;
+  } catch (...) {
+    return;  // out of memory: the peers time out instead
   }
   m.wake_comm.notify_one();
 }

@@ -74,6 +74,8 @@ class group final : public detail::worker_group {
   void next_phase() noexcept override;
   void report_failure(int global_replica, const std::exception_ptr& failure) noexcept override;
   void trace_to(detail::trace_track* track) noexcept override;
+  void set_device_abort_listener(device_abort_listener* listener) noexcept override;
+  void report_device_abort(const std::string& why) noexcept override;
   ///@}
 
  private:

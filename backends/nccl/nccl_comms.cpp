@@ -46,7 +46,9 @@ struct in_flight {
   std::size_t oldest = 0, count = 0;
 };
 
-struct comms {
+// Across workers (devices::Cluster<Cuda>) the set is the group's device_abort_listener: an abort
+// here is reported to the other workers, and theirs abort this worker's communicators.
+struct comms final : detail::worker_group::device_abort_listener {
   int nranks = 0;      // NCCL ranks of the set: W*G across workers
   int first_rank = 0;  // this worker's local rank 0: w*G
   std::vector<int> devices;
@@ -56,6 +58,11 @@ struct comms {
   std::unique_ptr<std::atomic<std::uint64_t>[]> entered;  // per rank: collectives handed to NCCL
   std::atomic<bool> aborted{false};
   std::mutex abort_mutex;
+  std::string abort_reason;  // why they were aborted: written once, before `aborted` is set
+  std::atomic<detail::worker_group*> workers{nullptr};  // null in one process, or once the group is gone
+
+  void peer_aborted(int worker, const std::string& why) noexcept override;
+  void group_gone() noexcept override { workers.store(nullptr); }
 };
 
 progress classify(int call_result, int async_state) noexcept {
@@ -67,10 +74,12 @@ progress classify(int call_result, int async_state) noexcept {
 
 namespace {
 
+std::string nccl_failure(ncclResult_t r, const std::string& what) {
+  return detail::format("%s failed: ncclResult_t %d (%s)", what.c_str(), static_cast<int>(r), ncclGetErrorString(r))
+      .c_str();
+}
 [[noreturn]] void fail_nccl(ncclResult_t r, const std::string& what) {
-  throw backend_error(detail::format("mirror::ops::NcclAllReduce: %s failed: ncclResult_t %d (%s)", what.c_str(),
-                                     static_cast<int>(r), ncclGetErrorString(r)),
-                      static_cast<long>(r));
+  throw backend_error("mirror::ops::NcclAllReduce: " + nccl_failure(r, what), static_cast<long>(r));
 }
 void check_nccl(ncclResult_t r, const char* what) {
   if (r != ncclSuccess && r != ncclInProgress) fail_nccl(r, what);
@@ -106,9 +115,11 @@ cudaError_t query(cudaEvent_t e) noexcept {
   return q;
 }
 
-[[noreturn]] void throw_aborted() {
-  throw backend_error("mirror::ops::NcclAllReduce: the communicators were aborted after an earlier timeout or "
-                      "error; construct a new Strategy",
+// (`abort_reason` is final once `aborted` is set, or a communicator found null under its lock.)
+[[noreturn]] void throw_aborted(const comms& c) {
+  throw backend_error(detail::format("mirror::ops::NcclAllReduce: the communicators were aborted (%s); construct a "
+                                     "new Strategy",
+                                     c.abort_reason.empty() ? "after an earlier timeout or error" : c.abort_reason.c_str()),
                       static_cast<long>(ncclInvalidUsage));
 }
 
@@ -136,21 +147,39 @@ ncclRedOp_t nccl_op(ReduceOp op, detail::element_kind t) {
   return ncclSum;
 }
 
-// Called without holding any communicator's lock (it takes them all, one at a time).
-void abort_all(comms& c) noexcept {
+// Called without holding any communicator's lock (it takes them all, one at a time). Whether
+// this call aborted them (false: they were already).
+bool abort_all(comms& c, const std::string& why) noexcept {
   std::lock_guard lock(c.abort_mutex);
-  if (c.aborted.exchange(true)) return;
+  if (c.aborted.load()) return false;
+  try {
+    c.abort_reason = why;
+  } catch (...) {
+  }
+  c.aborted.store(true);
   for (std::size_t i = 0; i < c.comm.size(); ++i) {
     std::lock_guard one(c.comm_mutex[i]);
     if (c.comm[i] != nullptr) (void)ncclCommAbort(c.comm[i]);
     c.comm[i] = nullptr;
   }
+  return true;
 }
 
-// The failure path of every poll: abort (the other ranks would otherwise wait on the GPU for this
-// one until their timeout), then the NCCL error.
+// abort_all, and across workers the other workers abort theirs too: NCCL needs every rank to abort,
+// and theirs would otherwise wait on the GPU for this worker's ranks until their own timeout.
+void abort_everywhere(comms& c, const std::string& why) noexcept {
+  if (!abort_all(c, why)) return;
+  if (detail::worker_group* const w = c.workers.load()) {
+    try {
+      w->report_device_abort(detail::format("on worker %d: ", w->worker_index()).c_str() + why);
+    } catch (...) {
+    }
+  }
+}
+
+// The failure path of every poll: abort everywhere, then the NCCL error.
 [[noreturn]] void abort_and_fail(comms& c, ncclResult_t r, const std::string& what) {
-  abort_all(c);
+  abort_everywhere(c, nccl_failure(r, what));
   fail_nccl(r, what);
 }
 
@@ -158,7 +187,7 @@ void abort_all(comms& c) noexcept {
 // meanwhile is never returned: an aborted set throws.
 progress poll(comms& c, std::size_t i, ncclResult_t& state) {
   std::lock_guard lock(c.comm_mutex[i]);
-  if (c.comm[i] == nullptr) throw_aborted();
+  if (c.comm[i] == nullptr) throw_aborted(c);
   state = ncclSuccess;
   const ncclResult_t r = ncclCommGetAsyncError(c.comm[i], &state);
   if (r != ncclSuccess) state = r;
@@ -200,6 +229,14 @@ class group_scope {
 
 }  // namespace
 
+void comms::peer_aborted(int worker, const std::string& why) noexcept {
+  try {
+    (void)abort_all(*this, detail::format("worker %d aborted its communicators %s", worker, why.c_str()).c_str());
+  } catch (...) {
+    (void)abort_all(*this, "another worker aborted its communicators");
+  }
+}
+
 int num_ranks(const comms& c) noexcept { return c.nranks; }
 int first_rank(const comms& c) noexcept { return c.first_rank; }
 std::uint64_t enqueued(const comms& c, int rank) noexcept { return c.entered[static_cast<std::size_t>(rank)].load(); }
@@ -233,13 +270,20 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
       if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
     }
   } const restore_previous{previous};
-  // A failure below frees (aborts) whatever was created.
+  // A failure below frees (aborts) whatever was created, here and on the other workers (who would
+  // otherwise wait for this worker's ranks to join until their timeout).
   struct abort_on_failure {
     comms* c;
     ~abort_on_failure() {
-      if (c != nullptr) abort_all(*c);
+      if (c == nullptr) return;
+      abort_everywhere(*c, "creating the communicators failed");
+      if (detail::worker_group* const w = c->workers.load()) w->set_device_abort_listener(nullptr);
     }
   } guard{c.get()};
+  if (workers != nullptr && workers->num_workers() > 1) {
+    c->workers.store(workers);
+    workers->set_device_abort_listener(c.get());
+  }
   const int num_workers = workers != nullptr ? workers->num_workers() : 1;
   const int worker = workers != nullptr ? workers->worker_index() : 0;
   c->nranks = num_workers * n;
@@ -323,6 +367,10 @@ comms* create_comms(std::span<const int> devices, std::chrono::milliseconds time
 
 void destroy(comms* c) noexcept {
   if (c == nullptr) return;
+  // No peer's abort reaches the set from here on (the group may also be gone already: then it
+  // told the set so). An abort below is this worker's own and is not reported: the peers are
+  // tearing down too, or will time out.
+  if (detail::worker_group* const w = c->workers.exchange(nullptr)) w->set_device_abort_listener(nullptr);
   int previous = -1;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   for (std::size_t i = 0; i < c->comm.size(); ++i) {
@@ -337,7 +385,7 @@ void destroy(comms* c) noexcept {
              std::chrono::steady_clock::now() < f.deadlines[f.oldest]) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
-      if (q == cudaErrorNotReady) abort_all(*c);
+      if (q == cudaErrorNotReady) (void)abort_all(*c, "a collective did not complete before the Strategy was destroyed");
     }
     for (cudaEvent_t e : f.events) {
       if (e != nullptr) (void)cudaEventDestroy(e);
@@ -379,7 +427,7 @@ namespace {
 template <class Calls, class After>
 void enqueue_group(comms& c, int rank, cudaStream_t s, std::chrono::milliseconds timeout, const char* noun,
                    const char* call, Calls&& calls, After&& after) {
-  if (c.aborted.load()) throw_aborted();
+  if (c.aborted.load()) throw_aborted(c);
   const std::size_t me = static_cast<std::size_t>(rank);
   in_flight& f = c.pending[me];
   auto expire_for = [&](const std::string& stage, std::uint64_t seq) {
@@ -389,7 +437,9 @@ void enqueue_group(comms& c, int rank, cudaStream_t s, std::chrono::milliseconds
     for (std::size_t r = 0; r < c.comm.size(); ++r) {
       if (c.entered[r].load() < seq) missing.push_back(c.first_rank + static_cast<int>(r));
     }
-    abort_all(c);
+    abort_everywhere(c, detail::format("after replica %d waited %lld ms %s", c.first_rank + rank,
+                                       static_cast<long long>(timeout.count()), stage.c_str())
+                            .c_str());
     std::string names;
     for (int r : missing) names += detail::format("%s%d", names.empty() ? "" : ", ", r).c_str();
     // Where each local replica is: the call it waits in, or its last one (empty outside a run).
@@ -440,7 +490,7 @@ void enqueue_group(comms& c, int rank, cudaStream_t s, std::chrono::milliseconds
   {
     std::unique_lock lock(c.comm_mutex[me]);
     ncclComm_t comm = c.comm[me];
-    if (comm == nullptr) throw_aborted();
+    if (comm == nullptr) throw_aborted(c);
     ncclResult_t failed = ncclSuccess;
     {
       group_scope group;

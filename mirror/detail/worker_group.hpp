@@ -133,6 +133,27 @@ class worker_group {
   /// recognised and not forwarded.
   virtual void report_failure(int global_replica, const std::exception_ptr& failure) noexcept = 0;
 
+  /// Device communicators that span the workers (NCCL's), told of another worker's abort. Once
+  /// one rank aborts its communicator NCCL requires every rank to abort its own: the others'
+  /// collectives would otherwise wait on the GPU until their own timeout.
+  class device_abort_listener {
+   public:
+    /// Worker `worker` aborted its communicators because of `why`: abort this worker's. Called
+    /// on the group's communication thread.
+    virtual void peer_aborted(int worker, const std::string& why) noexcept = 0;
+    /// The group is being destroyed: no more calls come, and the listener must not call it.
+    virtual void group_gone() noexcept = 0;
+
+   protected:
+    ~device_abort_listener() = default;
+  };
+  /// Registers the listener that hears of other workers' aborts (null unregisters; one at a
+  /// time). A group whose workers share no device communicators ignores it.
+  virtual void set_device_abort_listener(device_abort_listener* listener) noexcept { (void)listener; }
+  /// This worker aborted its device communicators because of `why`: every other worker's
+  /// listener hears of it within about a millisecond (docs/multi-worker.md#nccl-across-workers).
+  virtual void report_device_abort(const std::string& why) noexcept { (void)why; }
+
   /// From now on the group records on `track` (null: stops) the spans of its own work for each
   /// call: the agreement check and the collective on the wire (the timeline,
   /// docs/debugging.md#the-timeline). Called between runs; the spans are read after the calls

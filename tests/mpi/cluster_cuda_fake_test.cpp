@@ -5,15 +5,20 @@
 // GPU 0, "0000:11:00.0" for GPU 1, the same in every process, as one host's GPUs are).
 // What runs is the GPU placement the workers agree on before any CUDA runtime or NCCL call
 // (mpi::place_gpus): which GPU each worker takes, and the refusal, on every worker, of two
-// workers of one host on one GPU. Every worker runs on this one host.
+// workers of one host on one GPU; and an NCCL failure on one worker aborting every worker's
+// communicators. Every worker runs on this one host. Each process's fake NCCL sees only its own
+// ranks: the others are `ranks_elsewhere` (they count as joined, and never launch a collective
+// here, so a collective across workers never completes).
 #include <catch2/catch.hpp>
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
 #include <mirror/mirror.hpp>
 #include "support/fake_nccl.hpp"
 
@@ -81,4 +86,37 @@ TEST_CASE("cluster<cuda> (fake GPUs): a distinct NCCL_HOSTID per process lets th
     throw;
   }
   ::unsetenv("NCCL_HOSTID");
+}
+
+TEST_CASE("cluster<cuda> (fake GPUs): an NCCL failure on one worker aborts every worker's communicators within "
+          "moments, and the others' errors name it",
+          "[mpi][cuda][fake]") {
+  if (size() < 2) return;
+  const int failing = size() - 1;
+  fake_nccl::reset({.fail_all_reduce_call = rank() == failing ? 1 : 0, .devices = size(),
+                    .ranks_elsewhere = size() - 1});
+  std::string what;
+  std::chrono::steady_clock::duration took{};
+  {
+    // NCCL's own watchdog would give up after the local timeout (5 s + 2 x 5 s + 10 s here).
+    mirror::Strategy<Cluster> s{Cluster{.local = {.timeout = std::chrono::seconds(5)}, .timeout = std::chrono::seconds(5)}};
+    mirror::cuda::device_buffer<float> leaf(s.runtime().device_of(0), 16);
+    leaf.upload(std::vector<float>(16, 1.0f));
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      s.run([&](auto& ctx) { ctx.all_reduce(mirror::ReduceOp::sum, leaf.span()); });
+      FAIL("no error");
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    took = std::chrono::steady_clock::now() - start;
+  }
+  CAPTURE(what);
+  CHECK(took < std::chrono::seconds(3));
+  CHECK(fake_nccl::snapshot().aborts == 1);  // this worker's one communicator, on every worker
+  if (rank() == failing) {
+    CHECK_THAT(what, Catch::Contains("ncclAllReduce failed"));
+  } else {
+    CHECK_THAT(what, Catch::Contains("worker " + std::to_string(failing) + " aborted its communicators"));
+  }
 }

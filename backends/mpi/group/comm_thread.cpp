@@ -81,7 +81,8 @@ void group::impl::main_loop() {
       // Idle: still serve the control communicator every millisecond (a late worker must
       // answer "which collective have you entered" while its replicas compute).
       wake_comm.wait_for(lock, std::chrono::milliseconds(1), [&] {
-        return stop || !queue.empty() || local_failed_phase.load(std::memory_order_relaxed) > drained;
+        return stop || !queue.empty() || device_abort ||
+               local_failed_phase.load(std::memory_order_relaxed) > drained;
       });
       if (!queue.empty()) {
         j = queue.front();
@@ -298,6 +299,14 @@ void group::impl::flush_sends() {
 }
 
 void group::impl::serve_control() {
+  // This worker's device communicators were aborted: the peers abort theirs now (NCCL needs every
+  // rank to), instead of waiting on the GPU for the timeout.
+  std::optional<std::string> aborted;
+  {
+    std::lock_guard lock(mutex);
+    aborted.swap(device_abort);
+  }
+  if (aborted) announce(notice_device_abort, w * R, 0, *aborted);
   for (;;) {
     int flag = 0;
     MPI_Status status;
@@ -332,6 +341,12 @@ void group::impl::serve_control() {
       seen = std::max(seen, head[2]);  // it gave up waiting in that collective
     } else if (status.MPI_TAG == tag_failure) {
       learn_failure(from, bytes);
+    }
+    if (status.MPI_TAG == tag_notice && head[0] == notice_device_abort) {
+      const std::string text(bytes.begin() + static_cast<std::ptrdiff_t>(std::min(bytes.size(), sizeof head)),
+                             bytes.end());
+      std::lock_guard lock(listener_mutex);
+      if (device_listener != nullptr) device_listener->peer_aborted(from, text);
     }
     if (status.MPI_TAG == tag_notice && head[0] == notice_timeout && !remote) {
       broken_state s;

@@ -59,7 +59,8 @@ inline constexpr int tag_notice = 3;  // payload: int64 {kind, replica, sequence
 // posted_op records (posted_words each) then the failure's text (recover() says how it is used).
 inline constexpr int tag_failure = 4;
 
-enum notice_kind : std::int64_t { notice_failure = 0, notice_timeout = 1 };
+// notice_device_abort: the sender aborted its device communicators (NCCL); the text says why.
+enum notice_kind : std::int64_t { notice_failure = 0, notice_timeout = 1, notice_device_abort = 2 };
 
 // A collective posted on the data communicator, described well enough for a worker that did
 // not post it to post its match (recover()): what, how many elements of which kind, the op or
@@ -413,6 +414,12 @@ struct group::impl {
   std::vector<std::string> reply_sites;  // per worker: where_of its last job, from its reply
   std::vector<std::int64_t> known;     // per worker: the highest sequence it is known to have entered
   std::optional<broken_state> remote;  // a notice received from another worker
+  // A device communicators' abort here, to announce (report_device_abort; guarded by mutex), and
+  // the listener that hears of the others' (guarded by listener_mutex, held while it is called,
+  // so that unregistering waits for a call in progress).
+  std::optional<std::string> device_abort;
+  std::mutex listener_mutex;
+  detail::worker_group::device_abort_listener* device_listener = nullptr;
 
   // ---------------- recovery from a failure in fn (recover()) ----------------
   // The caller's phase: next_phase() advances it as each run starts and as it ends, on every
