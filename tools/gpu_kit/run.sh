@@ -147,7 +147,7 @@ for t in "${TESTS[@]}"; do
   exe=$KIT/${t}_test
   [[ -x $exe ]] || { say "  SKIP $t: not in this kit (built without NCCL?)"; SKIPPED=$((SKIPPED + 1)); continue; }
   xml=$OUTDIR/$t.xml.tmp
-  secs=$(limit 90 250)  # kept back: the multi-rank step, a trainer run, the benchmark, the sanitizer
+  secs=$(limit 90 220)  # kept back: the multi-rank step, a trainer run, the benchmark, the sanitizer
   ((secs > 0)) || { no_time "$t"; continue; }
   start=$SECONDS
   timeout --kill-after=10 "$secs" "$exe" -r xml -d yes >"$xml" 2>"$OUTDIR/$t.err.tmp"
@@ -238,7 +238,7 @@ else
     xml=$OUTDIR/mr.xml.tmp
     for np in 2 3; do
       label="$MR ($np ranks)"
-      secs=$(limit 60 $((np == 2 ? 230 : 170)))  # kept back: the rest of this step, the trainer, bench, sanitizer
+      secs=$(limit 60 $((np == 2 ? 180 : 160)))  # kept back: the rest of this step, the trainer, bench, sanitizer
       ((secs > 0)) || { no_time "$label"; continue; }
       rm -f "$xml"
       start=$SECONDS
