@@ -10,6 +10,9 @@
 // and runs the hidden case [.kill] alone: a worker that dies mid-run.
 #include <catch2/catch.hpp>
 #include <mirror/mirror.hpp>
+#if MIRROR_TEST_FAKE_NCCL
+#include "support/fake_nccl.hpp"
+#endif
 
 #include <chrono>
 #include <cmath>
@@ -432,4 +435,14 @@ TEST_CASE("cluster<cuda>: a worker that dies in fn is named by the others within
     CHECK(t < 5.0 + 3.0);
   }
 }
+#if MIRROR_TEST_FAKE_NCCL
+// Linked against the scripted CUDA runtime and NCCL (mpi_cluster_cuda_on_fake_1x): the cases above
+// broke none of the rules it checks (Catch2 runs the cases in the order they are declared).
+TEST_CASE("cluster<cuda> (fake GPUs): the cases above kept CUDA's and NCCL's rules", "[mpi][gpu][cluster_cuda]") {
+  const auto seen = fake_nccl::snapshot();
+  for (const auto& v : seen.violations) FAIL_CHECK(v);
+  CHECK(seen.violations.empty());
+  CHECK(seen.all_reduce_calls > 0);
+}
+#endif
 #endif
