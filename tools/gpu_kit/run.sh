@@ -141,6 +141,24 @@ EOF
   fi
 }
 
+# report_cases LABEL XML STATUS SECS: one program's cases into tests.log and the summary, and the
+# counts; a non-zero exit with no failed case (a crash, the time limit) counts as one failure.
+report_cases() {
+  local label=$1 xml=$2 status=$3 secs=$4 lines ok bad note=
+  lines=$([[ -s $xml ]] && cases "$xml" "$label")
+  printf '%s\n' "$lines" >>"$OUTDIR/tests.log"
+  ok=$(grep -c '^  PASS' <<<"$lines")
+  bad=$(grep -c '^  FAIL' <<<"$lines")
+  if [[ $status -ne 0 && $bad -eq 0 ]]; then
+    bad=1
+    note=" (exit $status$([[ $status -eq 124 ]] && echo ": timed out after $secs s"))"
+  fi
+  say "  $label: $ok passed, $bad failed$note"
+  [[ -z $lines ]] || printf '%s\n' "$lines" | sed 's/^/  /' | tee -a "$SUMMARY"
+  PASSED=$((PASSED + ok))
+  FAILED=$((FAILED + bad))
+}
+
 TESTS=(cuda_device cuda_reduction_to_one_device cuda_hierarchical_copy cuda_nccl_all_reduce cuda_gather_scatter)
 say "tests:"
 for t in "${TESTS[@]}"; do
@@ -160,19 +178,7 @@ for t in "${TESTS[@]}"; do
     say "  SKIP $t: $(grep -m1 '^SKIP' "$xml" | sed 's/^SKIP: //')"
     SKIPPED=$((SKIPPED + 1))
   else
-    lines=$(cases "$xml" "$t")
-    printf '%s\n' "$lines" >>"$OUTDIR/tests.log"
-    ok=$(grep -c '^  PASS' <<<"$lines")
-    bad=$(grep -c '^  FAIL' <<<"$lines")
-    note=
-    if [[ $status -ne 0 && $bad -eq 0 ]]; then
-      bad=1
-      note=" (exit $status$([[ $status -eq 124 ]] && echo ": timed out after $secs s"))"
-    fi
-    say "  $t: $ok passed, $bad failed$note"
-    [[ -z $lines ]] || printf '%s\n' "$lines" | sed 's/^/  /' | tee -a "$SUMMARY"
-    PASSED=$((PASSED + ok))
-    FAILED=$((FAILED + bad))
+    report_cases "$t" "$xml" "$status" "$secs"
   fi
   rm -f "$xml" "$OUTDIR/$t.err.tmp"
 done
@@ -245,20 +251,8 @@ else
       mpi_launch "$secs" "$np" "$MPIKIT/${MR}_test" -r xml -d yes -o "$xml" >"$OUTDIR/mr.tmp" 2>&1
       status=$?
       { echo "== $label (exit $status, $((SECONDS - start)) s, limit $secs s)"; cat "$OUTDIR/mr.tmp"; } >>"$OUTDIR/tests.log"
-      lines=$([[ -s $xml ]] && cases "$xml" "$label")
-      printf '%s\n' "$lines" >>"$OUTDIR/tests.log"
-      ok=$(grep -c '^  PASS' <<<"$lines")
-      bad=$(grep -c '^  FAIL' <<<"$lines")
-      note=
-      if [[ $status -ne 0 && $bad -eq 0 ]]; then
-        bad=1
-        note=" (exit $status$([[ $status -eq 124 ]] && echo ": timed out after $secs s"))"
-      fi
-      say "  $label: $ok passed, $bad failed$note"
-      [[ -z $lines ]] || printf '%s\n' "$lines" | sed 's/^/  /' | tee -a "$SUMMARY"
+      report_cases "$label" "$xml" "$status" "$secs"
       [[ $status -eq 0 ]] || grep -m3 'NCCL WARN\|error\|Error' "$OUTDIR/mr.tmp" | sed 's/^/      /' | tee -a "$SUMMARY"
-      PASSED=$((PASSED + ok))
-      FAILED=$((FAILED + bad))
     done
 
     # A worker that dies: rank 1 of 2 calls std::_Exit in fn; rank 0 must name it within the

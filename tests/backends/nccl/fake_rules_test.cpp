@@ -21,6 +21,7 @@
 #include <mirror/backends/nccl/nccl_comms.hpp>
 #include <mirror/error.hpp>
 #include <mirror/mirror.hpp>
+#include "support/comms_ptr.hpp"
 #include "support/fake_nccl.hpp"
 
 namespace nccl = mirror::nccl::impl;
@@ -30,15 +31,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct comms_ptr {
-  nccl::comms* c;
-  explicit comms_ptr(std::vector<int> devices, std::chrono::milliseconds timeout = 5s)
-      : c(nccl::create_comms(std::span<const int>(devices.data(), devices.size()), timeout)) {}
-  comms_ptr(const comms_ptr&) = delete;
-  comms_ptr& operator=(const comms_ptr&) = delete;
-  ~comms_ptr() { nccl::destroy(c); }
-  nccl::comms& operator*() const { return *c; }
-};
+using mirror::test::comms_ptr;
 
 // One stream per rank, for every call (NCCL needs a communicator's calls ordered).
 fake_nccl::stream rank_streams[] = {{0}, {1}, {2}, {3}};

@@ -18,6 +18,7 @@
 #include <mirror/backends/nccl/nccl_comms.hpp>
 #include <mirror/backend/cut_of.hpp>
 #include <mirror/error.hpp>
+#include "support/comms_ptr.hpp"
 #include "support/fake_nccl.hpp"
 #include "support/reference.hpp"
 
@@ -28,15 +29,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct comms_ptr {
-  nccl::comms* c;
-  explicit comms_ptr(std::vector<int> devices, std::chrono::milliseconds timeout = 5s)
-      : c(nccl::create_comms(std::span<const int>(devices.data(), devices.size()), timeout)) {}
-  comms_ptr(const comms_ptr&) = delete;
-  comms_ptr& operator=(const comms_ptr&) = delete;
-  ~comms_ptr() { nccl::destroy(c); }
-  nccl::comms& operator*() const { return *c; }
-};
+using mirror::test::comms_ptr;
 
 // One rank's all-reduce of `values` in place (floats), on its stream.
 void all_reduce(nccl::comms& c, int rank, fake_nccl::stream& s, std::vector<float>& values,
