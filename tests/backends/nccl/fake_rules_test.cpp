@@ -65,13 +65,40 @@ void require_rules_kept() {
   REQUIRE(violations().empty());
 }
 
-// Device memory of the current fake GPU.
-template <class T>
-T* device_alloc(std::size_t n) {
-  void* p = nullptr;
-  REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess);
-  return static_cast<T*>(p);
-}
+// What a case makes with the fake runtime (device memory, streams, events), freed when it ends.
+struct made {
+  std::vector<void*> memory;
+  std::vector<cudaStream_t> streams;
+  std::vector<cudaEvent_t> events;
+  made() = default;
+  made(const made&) = delete;
+  made& operator=(const made&) = delete;
+  ~made() {
+    for (void* p : memory) (void)cudaFree(p);
+    for (cudaStream_t st : streams) (void)cudaStreamDestroy(st);
+    for (cudaEvent_t e : events) (void)cudaEventDestroy(e);
+  }
+  // n elements of T on the current fake GPU.
+  template <class T>
+  T* device_alloc(std::size_t n) {
+    void* p = nullptr;
+    REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess);
+    memory.push_back(p);
+    return static_cast<T*>(p);
+  }
+  cudaStream_t stream(bool blocking = true) {
+    cudaStream_t st = nullptr;
+    REQUIRE((blocking ? cudaStreamCreate(&st) : cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) == cudaSuccess);
+    streams.push_back(st);
+    return st;
+  }
+  cudaEvent_t event() {
+    cudaEvent_t e = nullptr;
+    REQUIRE(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
+    events.push_back(e);
+    return e;
+  }
+};
 
 // Two communicators of one NCCL world, made directly: rank r on device r.
 std::vector<ncclComm_t> two_ranks() {
@@ -100,13 +127,12 @@ TEST_CASE("fake rules: a communicator's buffer or stream of another device is a 
   fake_nccl::reset({.devices = 2});
   const auto comms = two_ranks();
   REQUIRE(cudaSetDevice(1) == cudaSuccess);
-  float* on_1 = device_alloc<float>(4);
-  cudaStream_t stream_1 = nullptr;
-  REQUIRE(cudaStreamCreate(&stream_1) == cudaSuccess);
+  made m;
+  float* on_1 = m.device_alloc<float>(4);
+  cudaStream_t stream_1 = m.stream();
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
-  float* on_0 = device_alloc<float>(4);
-  cudaStream_t stream_0 = nullptr;
-  REQUIRE(cudaStreamCreate(&stream_0) == cudaSuccess);
+  float* on_0 = m.device_alloc<float>(4);
+  cudaStream_t stream_0 = m.stream();
 
   // Rank 0 (device 0) with its own buffer and stream: no violation.
   REQUIRE(ncclGroupStart() == ncclSuccess);
@@ -178,13 +204,11 @@ TEST_CASE("fake rules: work on two streams touching the same device memory needs
           "needs a synchronize",
           "[nccl][fake]") {
   fake_nccl::reset({.devices = 1});
-  float* buffer = device_alloc<float>(8);
-  float* other = device_alloc<float>(8);
-  cudaStream_t a = nullptr, b = nullptr;
-  REQUIRE(cudaStreamCreate(&a) == cudaSuccess);
-  REQUIRE(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess);
-  cudaEvent_t written = nullptr;
-  REQUIRE(cudaEventCreateWithFlags(&written, cudaEventDisableTiming) == cudaSuccess);
+  made m;
+  float* buffer = m.device_alloc<float>(8);
+  float* other = m.device_alloc<float>(8);
+  cudaStream_t a = m.stream(), b = m.stream(false);
+  cudaEvent_t written = m.event();
   const auto type = kernel_kind_of<float>();
 
   // A kernel on `a` writes `buffer`; a copy on `b` reads it after waiting for an event: ordered.
@@ -196,8 +220,8 @@ TEST_CASE("fake rules: work on two streams touching the same device memory needs
 
   // The same without the wait: the kernel on `a` may still be writing while `b` copies.
   fake_nccl::reset({.devices = 1});
-  buffer = device_alloc<float>(8);
-  other = device_alloc<float>(8);
+  buffer = m.device_alloc<float>(8);
+  other = m.device_alloc<float>(8);
   REQUIRE(mirror::cuda::impl::launch_combine(a, ReduceOp::sum, type, buffer, other, 8) == 0);
   REQUIRE(cudaMemcpyAsync(other, buffer, 8 * sizeof(float), cudaMemcpyDeviceToDevice, b) == cudaSuccess);
   REQUIRE(violations().size() == 2);  // b's read of `buffer`, and its write of `other`, which a's kernel reads
@@ -206,15 +230,15 @@ TEST_CASE("fake rules: work on two streams touching the same device memory needs
 
   // Disjoint halves of one buffer need no order.
   fake_nccl::reset({.devices = 1});
-  buffer = device_alloc<float>(8);
+  buffer = m.device_alloc<float>(8);
   REQUIRE(mirror::cuda::impl::launch_divide(a, type, buffer + 4, 4, 2) == 0);
   REQUIRE(mirror::cuda::impl::launch_divide(b, type, buffer, 4, 2) == 0);
   CHECK(violations().empty());
 
   // The host: a read of memory that stream `b` writes needs a synchronize first.
   fake_nccl::reset({.devices = 1});
-  float* x = device_alloc<float>(4);
-  REQUIRE(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess);
+  float* x = m.device_alloc<float>(4);
+  b = m.stream(false);
   REQUIRE(mirror::cuda::impl::launch_divide(b, type, x, 4, 2) == 0);
   std::vector<float> host(4);
   REQUIRE(cudaMemcpy(host.data(), x, sizeof(float) * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
