@@ -171,7 +171,7 @@ void abort_everywhere(comms& c, const std::string& why) noexcept {
   if (!abort_all(c, why)) return;
   if (detail::worker_group* const w = c.workers.load()) {
     try {
-      w->report_device_abort(detail::format("on worker %d: ", w->worker_index()).c_str() + why);
+      w->report_device_abort(why);
     } catch (...) {
     }
   }
@@ -231,7 +231,7 @@ class group_scope {
 
 void comms::peer_aborted(int worker, const std::string& why) noexcept {
   try {
-    (void)abort_all(*this, detail::format("worker %d aborted its communicators %s", worker, why.c_str()).c_str());
+    (void)abort_all(*this, detail::format("worker %d aborted its communicators: %s", worker, why.c_str()).c_str());
   } catch (...) {
     (void)abort_all(*this, "another worker aborted its communicators");
   }
