@@ -142,10 +142,6 @@ std::map<const void*, std::size_t> stream_length;
 void log_work(const void* stream, std::string what) {  // (lock held)
   work_log.push_back({{stream, std::move(what)}, stream_length[stream]++});
 }
-void log_locked(const void* stream, std::string what) {
-  std::lock_guard g(lock);
-  log_work(stream, std::move(what));
-}
 
 // For entry b: how many of each stream's entries must complete before b starts (b's own stream
 // counting b itself); an edge into stream u at entry m carries its source's first entries along
@@ -214,7 +210,7 @@ void touch(std::size_t entry, const void* p, std::size_t bytes, bool write) {  /
       reach = reach_of(entry);
       have_reach = true;
     }
-    if (!(same_stream ? work_log[a.entry].position < work_log[entry].position : ordered_by(reach, a.entry, entry))) {
+    if (!ordered_by(reach, a.entry, entry)) {
       seen.violations.push_back(describe(entry) + (write ? " writes" : " reads") + " device memory that " +
                                 describe(a.entry) + (a.write ? " writes" : " reads") +
                                 ", with no stream order or event between them");
@@ -682,13 +678,10 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
   *a = {};
   a->type = cudaMemoryTypeUnregistered;
   a->device = -2;
-  auto it = allocations.upper_bound(static_cast<const char*>(p));
-  if (it != allocations.begin()) {
-    --it;
-    if (static_cast<const char*>(p) < it->first + it->second.bytes) {
-      a->type = cudaMemoryTypeDevice;
-      a->device = it->second.device;
-    }
+  const auto it = allocation_of(p);
+  if (it != allocations.end()) {
+    a->type = cudaMemoryTypeDevice;
+    a->device = it->second.device;
   }
   return cudaSuccess;
 }
@@ -714,13 +707,13 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                               std::size_t height, cudaMemcpyKind, cudaStream_t s) {
-  if (height > 0) {
+  {
     std::lock_guard g(lock);
     log_work(s, "cudaMemcpy2DAsync");
-    touch_last(src, spitch * (height - 1) + width, false);
-    touch_last(dst, dpitch * (height - 1) + width, true);
-  } else {
-    log_locked(s, "cudaMemcpy2DAsync");
+    if (height > 0) {
+      touch_last(src, spitch * (height - 1) + width, false);
+      touch_last(dst, dpitch * (height - 1) + width, true);
+    }
   }
   if (width > dpitch || width > spitch) return last = cudaErrorInvalidPitchValue;
   if (dpitch > plan.max_pitch || spitch > plan.max_pitch) {
@@ -772,8 +765,11 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 // then the arithmetic, for the element types the tests use.
 namespace {
 
-// cudaSuccess, or why this launch on `s` touching `ptrs` would fail on a GPU.
-cudaError_t launch_error(cudaStream_t s, std::span<const void* const> ptrs, std::size_t* entry = nullptr) {
+// cudaSuccess, or why this launch on `s` would fail on a GPU. A launch that would run is logged
+// with its accesses: it reads `in` and writes `out` (n elements of `bytes` each; a buffer both
+// read and written is in `out`, whose writes conflict with any access).
+cudaError_t launch_error(cudaStream_t s, std::span<const void* const> in, std::span<void* const> out, std::size_t n,
+                         std::size_t bytes) {
   const cudaError_t stale = last;
   last = cudaSuccess;
   if (stale != cudaSuccess) return stale;
@@ -783,30 +779,26 @@ cudaError_t launch_error(cudaStream_t s, std::span<const void* const> ptrs, std:
     return cudaErrorInvalidResourceHandle;
   }
   std::lock_guard g(lock);
-  for (const void* p : ptrs) {
-    auto it = allocations.upper_bound(static_cast<const char*>(p));
-    if (it == allocations.begin()) continue;  // not device memory (a test's own host buffers)
-    --it;
-    if (static_cast<const char*>(p) >= it->first + it->second.bytes) continue;
-    const int d = it->second.device;
-    if (d != device && !peer_enabled[device][d]) {
-      seen.violations.push_back("a kernel on device " + std::to_string(device) + " touched device " +
-                                std::to_string(d) + "'s memory without peer access");
-      return cudaErrorIllegalAddress;
-    }
+  // Memory this device can reach: its own, a peer's with access enabled, or host memory (a test's
+  // own buffers).
+  auto reachable = [&](const void* p) {
+    const auto it = allocation_of(p);
+    if (it == allocations.end() || it->second.device == device || peer_enabled[device][it->second.device]) return true;
+    seen.violations.push_back("a kernel on device " + std::to_string(device) + " touched device " +
+                              std::to_string(it->second.device) + "'s memory without peer access");
+    return false;
+  };
+  for (const void* p : in) {
+    if (!reachable(p)) return cudaErrorIllegalAddress;
+  }
+  for (const void* p : out) {
+    if (!reachable(p)) return cudaErrorIllegalAddress;
   }
   ++seen.launches;
   log_work(s, "kernel");
-  if (entry != nullptr) *entry = work_log.size() - 1;
+  for (const void* p : in) touch_last(p, n * bytes, false);
+  for (void* p : out) touch_last(p, n * bytes, true);
   return cudaSuccess;
-}
-
-// The kernel at log entry `entry` reads `in` and writes `out`, n elements of `bytes` each.
-void kernel_touches(std::size_t entry, std::span<const void* const> in, std::span<void* const> out, std::size_t n,
-                    std::size_t bytes) {
-  std::lock_guard g(lock);
-  for (const void* p : in) touch(entry, p, n * bytes, false);
-  for (void* p : out) touch(entry, p, n * bytes, true);
 }
 
 
@@ -867,21 +859,19 @@ void fold(mirror::ReduceOp op, void* const* parts, int count, std::size_t n) {
 
 namespace mirror::cuda::impl {
 int launch_divide(void* stream, detail::element_kind type, void* p, std::size_t n, std::size_t count) noexcept {
-  const void* const touched[] = {p};
-  std::size_t entry = 0;
-  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched, &entry)) return static_cast<int>(e);
   void* const out[] = {p};
-  kernel_touches(entry, {}, out, n, type.bytes);
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), {}, out, n, type.bytes)) {
+    return static_cast<int>(e);
+  }
   const bool known = with_element(type, [&]<class T>(T*) { divide(static_cast<T*>(p), n, count); });
   return known ? 0 : static_cast<int>(cudaErrorNotSupported);
 }
 int launch_combine(void* stream, ReduceOp op, detail::element_kind type, void* dst, const void* src, std::size_t n) noexcept {
-  const void* const touched[] = {dst, src};
-  std::size_t entry = 0;
-  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched, &entry)) return static_cast<int>(e);
-  const void* const in[] = {src, dst};
+  const void* const in[] = {src};
   void* const out[] = {dst};
-  kernel_touches(entry, in, out, n, type.bytes);
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), in, out, n, type.bytes)) {
+    return static_cast<int>(e);
+  }
   const bool known =
       with_element(type, [&]<class T>(T*) { combine(op, static_cast<T*>(dst), static_cast<const T*>(src), n); });
   return known ? 0 : static_cast<int>(cudaErrorNotSupported);
@@ -890,12 +880,10 @@ int launch_combine(void* stream, ReduceOp op, detail::element_kind type, void* d
 int launch_fold_into_all(void* stream, ReduceOp op, detail::element_kind type, void* const* parts, int count,
                          std::size_t n) noexcept {
   if (count < 1 || count > max_fold_parts) return cudaErrorInvalidValue;
-  const std::span<const void* const> touched(const_cast<const void* const*>(parts), static_cast<std::size_t>(count));
-  std::size_t entry = 0;
-  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), touched, &entry)) {
+  const std::span<void* const> all(parts, static_cast<std::size_t>(count));  // each read and written
+  if (const cudaError_t e = launch_error(static_cast<cudaStream_t>(stream), {}, all, n, type.bytes)) {
     return static_cast<int>(e);
   }
-  kernel_touches(entry, touched, std::span<void* const>(parts, static_cast<std::size_t>(count)), n, type.bytes);
   {
     std::lock_guard g(lock);
     ++seen.folds;
