@@ -100,6 +100,26 @@ struct made {
   }
 };
 
+// Replica r of `s` (on GPU devices[r]) all-reduces a device leaf of n floats, all r + 1, in
+// place: every replica's leaf must hold the sum.
+template <class Strategy>
+void check_in_place_sum(Strategy& s, const std::vector<int>& devices, std::size_t n) {
+  std::vector<mirror::cuda::device_buffer<float>> buffers;
+  for (std::size_t r = 0; r < devices.size(); ++r) {
+    buffers.emplace_back(devices[r], n);
+    buffers.back().upload(std::vector<float>(n, float(r + 1)));
+  }
+  s.run([&](auto& ctx) {
+    ctx.all_reduce(ReduceOp::sum, buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())].span());
+  });
+  const auto R = static_cast<float>(devices.size());
+  for (auto& b : buffers) {
+    std::vector<float> got(n);
+    b.download(got);
+    CHECK(got == std::vector<float>(n, R * (R + 1) / 2));
+  }
+}
+
 // Two communicators of one NCCL world, made directly: rank r on device r.
 std::vector<ncclComm_t> two_ranks() {
   ncclUniqueId id;
@@ -323,19 +343,7 @@ TEST_CASE("fake rules: partial and one-way peer access; mirror's copying policie
   // The copying policies, whatever pairs they can enable: every replica gets the sum, and no
   // kernel touches memory its device cannot reach (the fake refuses that launch).
   mirror::Strategy<mirror::devices::Cuda, mirror::ops::ReductionToOneDevice> s{{.gpus = {0, 1, 2}}, {}};
-  std::vector<mirror::cuda::device_buffer<float>> buffers;
-  for (int r = 0; r < 3; ++r) {
-    buffers.emplace_back(r, std::size_t{5});
-    buffers.back().upload(std::vector<float>(5, float(r + 1)));
-  }
-  s.run([&](auto& ctx) {
-    ctx.all_reduce(ReduceOp::sum, buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())].span());
-  });
-  for (auto& b : buffers) {
-    std::vector<float> got(5);
-    b.download(got);
-    CHECK(got == std::vector<float>(5, 6.0f));
-  }
+  check_in_place_sum(s, {0, 1, 2}, 5);  // 6 everywhere
   require_rules_kept();
 }
 
@@ -403,19 +411,7 @@ TEST_CASE("fake rules: NCCL 2.30's NCCL_MULTI_RANK_GPU_ENABLE=1 lets ranks share
         continue;
       }
       Strategy s{two_on_one, {}};
-      std::vector<mirror::cuda::device_buffer<float>> buffers;
-      for (int r = 0; r < 2; ++r) {
-        buffers.emplace_back(0, std::size_t{3});
-        buffers.back().upload(std::vector<float>(3, float(r + 1)));
-      }
-      s.run([&](auto& ctx) {
-        ctx.all_reduce(ReduceOp::sum, buffers[static_cast<std::size_t>(ctx.replica_id_in_sync_group())].span());
-      });
-      for (auto& b : buffers) {
-        std::vector<float> got(3);
-        b.download(got);
-        CHECK(got == std::vector<float>(3, 3.0f));
-      }
+      check_in_place_sum(s, {0, 0}, 3);  // 3 everywhere
       CHECK(fake_nccl::snapshot().all_reduce_calls == 2);
       require_rules_kept();
     }
