@@ -10,6 +10,7 @@
 // and runs the hidden case [.kill] alone: a worker that dies mid-run.
 #include <catch2/catch.hpp>
 #include <mirror/mirror.hpp>
+#include "support/half_float.hpp"
 #if MIRROR_TEST_FAKE_NCCL
 #include "support/fake_nccl.hpp"
 #endif
@@ -19,7 +20,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -51,56 +51,18 @@ float value(int g, std::size_t i) { return float((g + 1) * static_cast<int>(i % 
 
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
-// Host conversions of the element types, for values the types hold (independent of mirror's
-// kernels): IEEE binary16 and bfloat16 (a float's upper half, rounded to nearest even).
-std::uint16_t half_bits(float f) {
-  std::uint32_t x = 0;
-  std::memcpy(&x, &f, 4);
-  const std::uint32_t sign = (x >> 16) & 0x8000u;
-  const int exp = static_cast<int>((x >> 23) & 0xff) - 127 + 15;
-  std::uint32_t mant = x & 0x7fffffu;
-  if ((x & 0x7fffffffu) == 0) return static_cast<std::uint16_t>(sign);
-  if (exp <= 0 || exp >= 31) throw std::logic_error("half_bits: out of the test's range");
-  const std::uint32_t round = mant & 0x1fffu, kept = mant >> 13;
-  std::uint32_t h = sign | (static_cast<std::uint32_t>(exp) << 10) | kept;
-  if (round > 0x1000u || (round == 0x1000u && (kept & 1u))) ++h;
-  return static_cast<std::uint16_t>(h);
-}
-float half_value(std::uint16_t h) {
-  const int exp = (h >> 10) & 0x1f;
-  const float m = float(h & 0x3ff);
-  const float v = exp == 0 ? std::ldexp(m, -24) : std::ldexp(1.0f + m / 1024.0f, exp - 15);
-  return (h & 0x8000) ? -v : v;
-}
-std::uint16_t bf16_bits(float f) {
-  std::uint32_t x = 0;
-  std::memcpy(&x, &f, 4);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<std::uint16_t>(x >> 16);
-}
-float bf16_value(std::uint16_t b) {
-  const std::uint32_t x = std::uint32_t{b} << 16;
-  float f = 0;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
 template <class E>
 E to_element(double v) {
-  if constexpr (std::is_same_v<E, mirror::cuda::half>) {
-    return E{half_bits(float(v))};
-  } else if constexpr (std::is_same_v<E, mirror::cuda::bfloat16>) {
-    return E{bf16_bits(float(v))};
+  if constexpr (std::is_same_v<E, mirror::cuda::half> || std::is_same_v<E, mirror::cuda::bfloat16>) {
+    return mirror::test::from_float<E>(float(v));
   } else {
     return static_cast<E>(v);
   }
 }
 template <class E>
 double from_element(E e) {
-  if constexpr (std::is_same_v<E, mirror::cuda::half>) {
-    return half_value(e.bits);
-  } else if constexpr (std::is_same_v<E, mirror::cuda::bfloat16>) {
-    return bf16_value(e.bits);
+  if constexpr (std::is_same_v<E, mirror::cuda::half> || std::is_same_v<E, mirror::cuda::bfloat16>) {
+    return mirror::test::to_float(e);
   } else {
     return static_cast<double>(e);
   }

@@ -23,6 +23,7 @@
 // current at its init; two ranks of one communicator on one device fail init (ncclInvalidUsage),
 // as NCCL's duplicate-GPU check does within one host (here: one process).
 #include "support/fake_nccl.hpp"
+#include "support/half_float.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -311,60 +312,6 @@ bool collective_done(const last_collective& l) {
   return true;
 }
 
-// half and bfloat16 as the kernels see them: converted to float, rounded back to nearest even.
-float to_float(mirror::cuda::half h) {
-  const std::uint32_t sign = (h.bits & 0x8000u) << 16, exp = (h.bits >> 10) & 0x1f, man = h.bits & 0x3ffu;
-  std::uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal: value man * 2^-24
-    float f = static_cast<float>(man) * 5.9604644775390625e-8f;
-    return sign != 0 ? -f : f;
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-float to_float(mirror::cuda::bfloat16 b) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(b.bits) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-template <class H>
-H from_float(float f);
-template <>
-mirror::cuda::bfloat16 from_float(float f) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return {static_cast<std::uint16_t>((bits >> 16) | 0x40u)};  // quiet NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return {static_cast<std::uint16_t>(bits >> 16)};
-}
-template <>
-mirror::cuda::half from_float(float f) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
-  const std::uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return {static_cast<std::uint16_t>(sign | 0x7e00u)};
-  if (abs >= 0x477ff000u) return {static_cast<std::uint16_t>(sign | 0x7c00u)};  // rounds to infinity
-  if (abs < 0x38800000u) {  // below half's smallest normal: a multiple of 2^-24, rounded to even
-    float a;
-    std::memcpy(&a, &abs, sizeof a);
-    const float units = a * 16777216.0f;  // exact: a power-of-two scale
-    float r = std::nearbyint(units);      // round to nearest even (the default mode)
-    return {static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(r))};
-  }
-  std::uint32_t v = abs - (112u << 23);
-  v += 0xfffu + ((v >> 13) & 1u);
-  return {static_cast<std::uint16_t>(sign | (v >> 13))};
-}
-
 // The arithmetic type of an element type (float for half and bfloat16), and the two conversions.
 template <class T>
 struct num {
@@ -375,14 +322,14 @@ struct num {
 template <>
 struct num<mirror::cuda::half> {
   using A = float;
-  static A load(mirror::cuda::half x) { return to_float(x); }
-  static mirror::cuda::half store(A x) { return from_float<mirror::cuda::half>(x); }
+  static A load(mirror::cuda::half x) { return mirror::test::to_float(x); }
+  static mirror::cuda::half store(A x) { return mirror::test::from_float<mirror::cuda::half>(x); }
 };
 template <>
 struct num<mirror::cuda::bfloat16> {
   using A = float;
-  static A load(mirror::cuda::bfloat16 x) { return to_float(x); }
-  static mirror::cuda::bfloat16 store(A x) { return from_float<mirror::cuda::bfloat16>(x); }
+  static A load(mirror::cuda::bfloat16 x) { return mirror::test::to_float(x); }
+  static mirror::cuda::bfloat16 store(A x) { return mirror::test::from_float<mirror::cuda::bfloat16>(x); }
 };
 
 // One step of NCCL's reduction in T's arithmetic, rounded to T: floating min and max are fmin and
