@@ -342,9 +342,12 @@ void group::impl::serve_control() {
     } else if (status.MPI_TAG == tag_failure) {
       learn_failure(from, bytes);
     }
+    // A notice's text follows its head.
+    auto notice_text = [&] {
+      return std::string(bytes.begin() + static_cast<std::ptrdiff_t>(std::min(bytes.size(), sizeof head)), bytes.end());
+    };
     if (status.MPI_TAG == tag_notice && head[0] == notice_device_abort) {
-      const std::string text(bytes.begin() + static_cast<std::ptrdiff_t>(std::min(bytes.size(), sizeof head)),
-                             bytes.end());
+      const std::string text = notice_text();
       std::lock_guard lock(listener_mutex);
       if (device_listener != nullptr) device_listener->peer_aborted(from, text);
     }
@@ -352,9 +355,7 @@ void group::impl::serve_control() {
       broken_state s;
       s.why = broken_state::timeout;
       s.replica = static_cast<int>(head[1]);
-      const std::string text(bytes.begin() + static_cast<std::ptrdiff_t>(std::min(bytes.size(), sizeof head)),
-                             bytes.end());
-      s.text = detail::format("mirror: worker %d gave up waiting for this worker: ", from).c_str() + text;
+      s.text = detail::format("mirror: worker %d gave up waiting for this worker: ", from).c_str() + notice_text();
       remote = s;
     }
   }
