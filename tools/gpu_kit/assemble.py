@@ -29,13 +29,14 @@ import tempfile
 # A device check carries at most 64 MiB: the kit and the 29.5 MiB data set beside it.
 LIMIT = 34 << 20
 # glibc's libraries (libdl, librt, libpthread are stubs since glibc 2.34, still named by programs
-# linked against them), the driver, and the two vendor libraries the kit finds on the machine.
-ALLOWED = re.compile(r'^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64)\.so\.\d+$|^libcuda\.so\.1$'
-                     r'|^libnccl\.so\.2$|^libcublas\.so\.\d+$')
+# linked against them): never carried (the GPU machine's is newer).
+GLIBC_NAMES = r'libc|libm|libdl|librt|libpthread|ld-linux-x86-64'
+# What the programs may need: glibc, the driver, and the two vendor libraries the kit finds on the machine.
+ALLOWED = re.compile(rf'^({GLIBC_NAMES})\.so\.\d+$|^libcuda\.so\.1$|^libnccl\.so\.2$|^libcublas\.so\.\d+$')
 # What the --mpi-program ones may also need: MPI's C library, from DIR/mpi (run.sh's env.sh).
 ALLOWED_MPI = re.compile(r'^libmpi\.so\.40$')
-# glibc: never carried (the GPU machine's is newer).
-GLIBC = re.compile(r'^(libc|libm|libdl|librt|libpthread|libutil|ld-linux-x86-64)\.so\.\d+$')
+# What Open MPI's own files may need and the kit does not carry: glibc (libutil included).
+GLIBC = re.compile(rf'^({GLIBC_NAMES}|libutil)\.so\.\d+$')
 # Open MPI's transports for networks a single host does not have (UCX, libfabric, verbs, PSM),
 # netlink's reachability and OpenSHMEM: a plugin that needs one of these libraries is left out
 # (Open MPI skips a component it does not find), so the libraries are not carried either.
