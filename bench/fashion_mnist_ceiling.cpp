@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 #include "../examples/fashion_mnist/model.hpp"
+#include "median.hpp"
 
 namespace fm = fashion_mnist;
 
@@ -33,10 +34,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
+using bench::median;
 
 }  // namespace
 

@@ -51,6 +51,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "median.hpp"
 
 namespace {
 
@@ -90,10 +91,7 @@ std::vector<std::size_t> resnet50() {
   return p;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
+using bench::median;
 
 template <class S>
 struct bench {

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 #include <mirror/mirror.hpp>
+#include "../median.hpp"
 
 namespace {
 
@@ -70,11 +71,7 @@ double timed(int iters, Step step, Drain drain) {
   return slowest;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
+using bench::median;
 
 std::string size_name(std::size_t b) {
   if (b >= (std::size_t{1} << 20)) return std::to_string(b >> 20) + " MiB";
