@@ -5,7 +5,9 @@
 #  1. mirror's cross-worker all-reduce (devices::Cluster<Threads>, 2 workers x 1 replica) against
 #     raw MPI_Allreduce(MPI_IN_PLACE) of the same bytes on the same processes, alternated, over
 #     shared memory and over TCP only (--mca btl self,tcp: two hosts' transport on one machine);
-#  2. W workers x R replicas against 1 process x (W*R) replicas, the same bytes per replica.
+#  2. the same at 3 workers, and reduce_scatter / all_gather at 2 and 3 workers against
+#     MPI_Reduce_scatter_block / MPI_Allgather (shared memory);
+#  3. W workers x R replicas against 1 process x (W*R) replicas, the same bytes per replica.
 #
 #   bench/mpi_cluster_table.sh [--build DIR] [--rounds 2] [--repetitions 5] [--min-time 0.1]
 #                              [--quick] [BYTES...]
@@ -33,7 +35,7 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
-[[ ${#sizes[@]} -gt 0 ]] || sizes=(4 65536 1048576 16777216)
+[[ ${#sizes[@]} -gt 0 ]] || sizes=(4 4096 65536 1048576 16777216)
 
 if ! command -v mpirun >/dev/null; then
   echo "mpi_cluster_table.sh: mpirun not found (Debian: apt-get install openmpi-bin libopenmpi-dev)" >&2
@@ -57,48 +59,54 @@ out=bench/results
 raw=$out/mpi_cluster  # not raw/: bench/report.sh empties that
 mkdir -p "$raw"
 rm -f "$raw"/mpi_cluster_*.json
-# transport W R shape-check extra-mpirun-args
+# transport W R shape-check verb extra-mpirun-args
 configs=(
-  "shm 2 1 on"
-  "shm 2 1 off"
-  "tcp 2 1 on --mca btl self,tcp"
-  "tcp 2 1 off --mca btl self,tcp"
-  "shm 1 2 on"
-  "shm 1 4 on"
-  "shm 2 2 on"
-  "shm 4 1 on"
+  "shm 2 1 on all_reduce"
+  "shm 2 1 off all_reduce"
+  "tcp 2 1 on all_reduce --mca btl self,tcp"
+  "tcp 2 1 off all_reduce --mca btl self,tcp"
+  "shm 3 1 on all_reduce"
+  "shm 2 1 on reduce_scatter"
+  "shm 3 1 on reduce_scatter"
+  "shm 2 1 on all_gather"
+  "shm 3 1 on all_gather"
+  "shm 1 2 on all_reduce"
+  "shm 1 4 on all_reduce"
+  "shm 2 2 on all_reduce"
+  "shm 4 1 on all_reduce"
 )
 for ((round = 0; round < rounds; ++round)); do
   for c in "${configs[@]}"; do
-    read -r transport W R check extra <<<"$c"
-    printf '==> round %d: %s, %d workers x %d replicas, shape check %s\n' "$((round + 1))" "$transport" "$W" "$R" \
-      "$check" >&2
+    read -r transport W R check verb extra <<<"$c"
+    printf '==> round %d: %s, %s, %d workers x %d replicas, shape check %s\n' "$((round + 1))" "$verb" "$transport" \
+      "$W" "$R" "$check" >&2
     flags=()
     [[ $check == on ]] || flags=(--no-validate)
     # shellcheck disable=SC2086 # $extra is a list of mpirun arguments
     timeout -k 10 600 mpirun "${mpi_root[@]}" --oversubscribe --bind-to none -np "$W" $extra \
-      "$build/bench/mpi_cluster_bench" --replicas "$R" --repetitions "$reps" --min-time "$min_time" \
-      "${flags[@]}" "${sizes[@]}" >"$raw/mpi_cluster_${transport}_${W}x${R}_${check}_round${round}.json"
+      "$build/bench/mpi_cluster_bench" --verb "$verb" --replicas "$R" --repetitions "$reps" --min-time "$min_time" \
+      "${flags[@]}" "${sizes[@]}" >"$raw/mpi_cluster_${verb}_${transport}_${W}x${R}_${check}_round${round}.json"
   done
 done
 
 python3 - "$raw" "$out/mpi_cluster.md" "$describe" <<'EOF'
 import glob, json, os, re, statistics as st, sys
 raw, md, git = sys.argv[1], sys.argv[2], sys.argv[3]
-times = {}   # (transport, W, R, check, impl, bytes) -> [ns]
-ratios = {}  # (transport, W, R, check, bytes) -> [cluster / mpi]
+times = {}   # (verb, transport, W, R, check, impl, bytes) -> [ns]
+ratios = {}  # (verb, transport, W, R, check, bytes) -> [cluster / mpi]
 for path in sorted(glob.glob(os.path.join(raw, "mpi_cluster_*.json"))):
-    transport, W, R, check = re.match(r".*mpi_cluster_(\w+?)_(\d+)x(\d+)_(on|off)_round", path).groups()
+    verb, transport, W, R, check = re.match(
+        r".*mpi_cluster_(all_reduce|reduce_scatter|all_gather)_(\w+?)_(\d+)x(\d+)_(on|off)_round", path).groups()
     W, R = int(W), int(R)
     doc = json.load(open(path))
     pairs = {}
     for b in doc["benchmarks"]:
         impl = b["name"].split("/")[1].split(":")[1]
-        times.setdefault((transport, W, R, check, impl, b["bytes"]), []).append(b["real_time"])
+        times.setdefault((verb, transport, W, R, check, impl, b["bytes"]), []).append(b["real_time"])
         pairs.setdefault((b["bytes"], b["repetition_index"]), {})[impl] = b["real_time"]
     for (nbytes, _), p in pairs.items():
         if "cluster" in p and "mpi" in p:
-            ratios.setdefault((transport, W, R, check, nbytes), []).append(p["cluster"] / p["mpi"])
+            ratios.setdefault((verb, transport, W, R, check, nbytes), []).append(p["cluster"] / p["mpi"])
 
 def fmt_time(ns):
     return f"{ns / 1e3:.1f} us" if ns < 1e6 else f"{ns / 1e6:.2f} ms"
@@ -113,7 +121,11 @@ def med(key):
     v = times.get(key)
     return st.median(v) if v else None
 
-sizes = sorted({k[5] for k in times})
+def ratio(key):
+    r = ratios.get(key)
+    return f"{st.median(r):.2f}x [{min(r):.2f}-{max(r):.2f}]" if r else "-"
+
+sizes = sorted({k[6] for k in times})
 lines = [f"mirror {git}, bench/mpi_cluster_table.sh; medians over all repetitions of all rounds.", ""]
 lines += ["**Cross-worker all-reduce vs raw `MPI_Allreduce`** (2 workers x 1 replica, the same "
           "bytes on the same processes, alternated; ratio = median of per-repetition ratios, "
@@ -122,26 +134,43 @@ lines += ["**Cross-worker all-reduce vs raw `MPI_Allreduce`** (2 workers x 1 rep
           "| bytes | transport | mirror | raw MPI | mirror / MPI | mirror, no check | no check / MPI |",
           "|---:|:--|---:|---:|---:|---:|---:|"]
 def cell(transport, check, n):
-    c, r = med((transport, 2, 1, check, "cluster", n)), ratios.get((transport, 2, 1, check, n))
-    if c is None or not r:
+    c = med(("all_reduce", transport, 2, 1, check, "cluster", n))
+    if c is None:
         return "-", "-"
-    return fmt_time(c), f"{st.median(r):.2f}x [{min(r):.2f}-{max(r):.2f}]"
+    return fmt_time(c), ratio(("all_reduce", transport, 2, 1, check, n))
 for transport in ("shm", "tcp"):
     for n in sizes:
-        m = med((transport, 2, 1, "on", "mpi", n))
+        m = med(("all_reduce", transport, 2, 1, "on", "mpi", n))
         if m is None:
             continue
         name = "shared memory" if transport == "shm" else "TCP (`--mca btl self,tcp`)"
         on, off = cell(transport, "on", n), cell(transport, "off", n)
         lines.append(f"| {fmt_bytes(n)} | {name} | {on[0]} | {fmt_time(m)} | {on[1]} | {off[0]} | {off[1]} |")
+baseline = {"all_reduce": "`MPI_Allreduce`", "reduce_scatter": "`MPI_Reduce_scatter_block`",
+            "all_gather": "`MPI_Allgather`"}
+lines += ["", "**3 workers, and reduce-scatter and all-gather** (W workers x 1 replica, shared memory, "
+          "against the raw MPI call of the same bytes on the same processes, alternated; bytes: each "
+          "replica's buffer, of which a reduce-scatter keeps 1/W and to which an all-gather gathers)", "",
+          "| collective | workers | bytes | mirror | raw MPI | baseline | mirror / MPI |",
+          "|:--|---:|---:|---:|---:|:--|---:|"]
+for verb in ("all_reduce", "reduce_scatter", "all_gather"):
+    for W in (2, 3):
+        if verb == "all_reduce" and W == 2:
+            continue  # the first table
+        for n in sizes:
+            c, m = med((verb, "shm", W, 1, "on", "cluster", n)), med((verb, "shm", W, 1, "on", "mpi", n))
+            if c is None or m is None:
+                continue
+            lines.append(f"| {verb} | {W} | {fmt_bytes(n)} | {fmt_time(c)} | {fmt_time(m)} | {baseline[verb]} | "
+                         f"{ratio((verb, 'shm', W, 1, 'on', n))} |")
 lines += ["", "**W workers x R replicas vs one process with W*R replicas** (all-reduce of the "
           "bytes per replica, shared memory; in brackets: time / the one-process time)", "",
           "| bytes | 1 x 2 | 2 x 1 | 1 x 4 | 2 x 2 | 4 x 1 |", "|---:|---:|---:|---:|---:|---:|"]
 for n in sizes:
     row = [fmt_bytes(n)]
     for W, R in ((1, 2), (2, 1), (1, 4), (2, 2), (4, 1)):
-        t = med(("shm", W, R, "on", "cluster", n))
-        base = med(("shm", 1, W * R, "on", "cluster", n))
+        t = med(("all_reduce", "shm", W, R, "on", "cluster", n))
+        base = med(("all_reduce", "shm", 1, W * R, "on", "cluster", n))
         if t is None:
             row.append("-")
         elif W == 1 or base is None:

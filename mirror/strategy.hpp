@@ -518,8 +518,8 @@ class Strategy {
 
   /// Writes a timeline of this strategy's runs to `path` from now on, as a Chrome trace (JSON)
   /// that Perfetto (ui.perfetto.dev) and chrome://tracing open: a track per replica with its fn,
-  /// its collectives and their phases, and on a multi-worker device one per worker's
-  /// communication thread with its MPI calls; worker w of several writes FILE with ".worker<w>"
+  /// its collectives and their phases, and on a multi-worker device one per worker with its MPI
+  /// calls; worker w of several writes FILE with ".worker<w>"
   /// before a ".json" suffix (docs/debugging.md\#the-timeline). An empty path ends the file;
   /// destroying the strategy does too. The environment variable MIRROR_TIMELINE=FILE starts one
   /// at construction. Outside `run` only (inside it throws `mirror::error`).

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// mirror::mpi::group: cross-worker collectives over MPI, driven by one communication thread
-// per process: callers hand it one job at a time and wait; it posts the non-blocking MPI
-// collective in program order, polls it with MPI_Test, and meanwhile serves the control
-// communicator (who-has-arrived queries, failure notices), so that a timeout can name the
-// workers that did not arrive and a failure on one worker reaches the others at once. This file
-// holds the group's construction and its public collectives; group/impl.hpp lists the others.
+// mirror::mpi::group: cross-worker collectives over MPI. Each job is a non-blocking MPI
+// collective posted in program order and polled with MPI_Test while the control communicator is
+// served (who-has-arrived queries, failure notices), so that a timeout can name the workers that
+// did not arrive and a failure on one worker reaches the others at once. The caller of a blocking
+// collective runs its job itself when the group's communication thread is idle; started jobs,
+// and jobs behind them, are handed to that thread, which also serves the control communicator
+// while no job runs. This file holds the group's construction and its public collectives;
+// group/impl.hpp lists the others.
 
 #include <mirror/backends/mpi/group/impl.hpp>
 
@@ -75,8 +77,8 @@ void initialize_mpi() {
     throw std::invalid_argument(
         detail::format(
             "mirror::devices::Cluster: MPI was initialised with thread level %d, below MPI_THREAD_SERIALIZED; mirror "
-            "makes its MPI calls on its own communication thread (never two at once), which needs at least "
-            "MPI_THREAD_SERIALIZED. Initialise MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) (needed anyway "
+            "makes its MPI calls on its communication thread or the calling thread (never two at once), which needs "
+            "at least MPI_THREAD_SERIALIZED. Initialise MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) (needed anyway "
             "if your code calls MPI while a strategy exists), or let mirror initialise it",
             provided)
             .c_str());
@@ -115,8 +117,20 @@ group::group(const group_options& o) : impl_(new impl()) {
   m.timeout = o.timeout;
   m.validate = o.validate_shapes;
   m.R = o.local_replicas;
+  if (const char* direct = std::getenv("MIRROR_MPI_DIRECT_AGREEMENT"); direct != nullptr && *direct != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(direct, &end, 10);
+    if (*end != '\0' || n < 1 || n > impl::direct_agreement_max) {
+      throw std::invalid_argument(detail::format("mirror::devices::Cluster: MIRROR_MPI_DIRECT_AGREEMENT=%s: expected the "
+                                                 "most workers whose agreement check is direct messages, 1 to %d",
+                                                 direct, impl::direct_agreement_max)
+                                      .c_str());
+    }
+    m.direct_agreement = static_cast<int>(n);
+  }
   initialize_mpi();
-  make_floating_ops();
+  make_ops();
+  make_agreement_ops();
   static_assert(sizeof(MPI_Comm) <= sizeof(std::uint64_t));
   const MPI_Comm comm = o.comm.is_world() ? MPI_COMM_WORLD : o.comm.get<MPI_Comm>();
   // Every collective of the construction is non-blocking and waited with the timeout: a worker
@@ -158,13 +172,17 @@ group::group(const group_options& o) : impl_(new impl()) {
   // a worker where the MPI_T variable is fixed (an --mca setting, a host's own
   // mca-params.conf) would otherwise post another schedule than its peers.
   m.ring_algorithm.open();
+  // So does the limit of direct agreement checks (impl::direct_agreement), which every worker
+  // must share for its checks to match.
   // On the heap, and kept if the check times out (keep_until_exit says why).
-  auto both = std::make_unique<int[]>(3);
+  auto both = std::make_unique<int[]>(5);
   both[0] = m.R;
   both[1] = -m.R;
   both[2] = m.ring_algorithm.usable ? 0 : 1;
+  both[3] = m.direct_agreement;
+  both[4] = -m.direct_agreement;
   MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(MPI_IN_PLACE, both.get(), 3, MPI_INT, MPI_MAX, m.data, &request),
+  check(MPI_Iallreduce(MPI_IN_PLACE, both.get(), 5, MPI_INT, MPI_MAX, m.data, &request),
         "MPI_Iallreduce (replica count check)");
   try {
     wait_for_everyone(request, "MPI_Iallreduce (replica count check)");
@@ -172,6 +190,16 @@ group::group(const group_options& o) : impl_(new impl()) {
     m.ring_algorithm.close();
     keep_until_exit(both);  // the request is still posted
     throw;
+  }
+  if (both[0] == -both[1] && both[3] != -both[4]) {
+    m.ring_algorithm.close();
+    MPI_Comm_free(&m.data);
+    MPI_Comm_free(&m.control);
+    throw std::invalid_argument(detail::format("mirror::devices::Cluster: MIRROR_MPI_DIRECT_AGREEMENT differs between "
+                                               "the workers (from %d to %d; here %d); set it alike on every worker, or "
+                                               "on none",
+                                               -both[4], both[3], m.direct_agreement)
+                                    .c_str());
   }
   if (both[0] != -both[1]) {
     std::vector<int> all(static_cast<std::size_t>(m.W));

@@ -2,8 +2,9 @@
 #pragma once
 /// \file
 /// `mirror::mpi::group`: the cross-worker collectives of `devices::Cluster`, over MPI. Compiled
-/// into libmirror_mpi (mpi_group.cpp), the only file that includes <mpi.h>; every MPI call of a
-/// worker happens on the group's one communication thread.
+/// into libmirror_mpi (mpi_group.cpp and group/), the only files that include <mpi.h>. A worker
+/// makes its MPI calls one thread at a time: the group's communication thread, or the caller of a
+/// blocking collective while that thread is idle.
 
 #include <exception>
 #include <mirror/backends/mpi/communicator.hpp>
@@ -23,8 +24,8 @@ struct group_options {
 
 /// W MPI processes that run the same program. Construction is collective over `comm`:
 /// initialises MPI (with `MPI_THREAD_MULTIPLE`) if nobody has, duplicates `comm` twice with
-/// `MPI_ERRORS_RETURN`, checks that R is equal on every worker, and starts the communication
-/// thread.
+/// `MPI_ERRORS_RETURN`, checks that R (and MIRROR_MPI_DIRECT_AGREEMENT) is equal on every
+/// worker, and starts the communication thread.
 ///
 /// **Errors**: `std::invalid_argument` for unequal R (naming the workers and their counts), a
 /// non-positive timeout, or MPI initialised below `MPI_THREAD_SERIALIZED`; `backend_error` for an
@@ -53,7 +54,9 @@ class group final : public detail::worker_group {
   unsigned host_cores() const noexcept;
   ///@{
   /// The cross-worker collectives `Strategy` and the ops policies call (the worker_group
-  /// interface, mirror/detail/worker_group.hpp), run on the communication thread.
+  /// interface, mirror/detail/worker_group.hpp): a blocking one runs on the calling thread when
+  /// the communication thread is idle and nothing was started before it, else on that thread; a
+  /// started one always on that thread.
   void reduce_in_worker_order(bool on) noexcept override;
   void check_all_reduce(std::size_t count, detail::element_kind kind, ReduceOp op, const char* what) override;
   void all_reduce(void* data, std::size_t count, detail::element_kind kind, ReduceOp op, const char* what,

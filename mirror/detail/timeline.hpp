@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The timeline (docs/debugging.md#the-timeline): spans recorded by each replica's thread (its fn,
-// its collectives and their phases) and by a worker's communication thread (its MPI calls), each
-// into a track of its own without a lock, written between runs as a Chrome trace (JSON) that
+// its collectives and their phases) and by whichever thread makes a worker's MPI calls (its
+// communication thread, or a caller running its own job), each into a track of its own without a
+// lock, written between runs as a Chrome trace (JSON) that
 // Perfetto and chrome://tracing draw. Off, it costs a thread-local load and a branch where a
 // span would start.
 
@@ -34,7 +35,7 @@ enum class trace_kind : std::uint8_t {
   fn,          // a replica's fn, from its start to its return
   collective,  // one collective of fn: sequence, call (pack_call), bytes, where
   phase,       // a part of a collective (agreement check, waiting for peers, cross-worker step)
-  job,         // a communication thread's work for one cross-worker call (MPI)
+  job,         // a worker's MPI work for one cross-worker call
 };
 
 struct trace_event {
@@ -46,8 +47,9 @@ struct trace_event {
   mirror::source_location where{};
 };
 
-/// The spans one thread records (a replica's, a communication thread's). Only that thread
-/// writes it; the timeline reads it between runs, when the thread records nothing.
+/// The spans one thread records (a replica's; a worker's MPI calls, made by one thread at a
+/// time). Only that thread writes it; the timeline reads it between runs, when it records
+/// nothing.
 class trace_track {
  public:
   trace_track(int pid, int tid, std::string label) : pid_(pid), tid_(tid), label_(std::move(label)) {
@@ -107,8 +109,8 @@ class trace_phase {
   std::int64_t begin_;
 };
 
-/// One strategy's timeline: a track per local replica and one for the worker's communication
-/// thread, and the file they are written to (worker w of several writes its own: FILE with
+/// One strategy's timeline: a track per local replica and one for the worker's MPI calls, and
+/// the file they are written to (worker w of several writes its own: FILE with
 /// ".worker<w>" before a ".json" suffix).
 class timeline {
  public:
@@ -179,7 +181,7 @@ MIRROR_DETAIL_INLINE void timeline::open(const std::string& path) {
   for (int r = 0; r < replicas_; ++r) {
     tracks_.push_back(std::make_unique<trace_track>(worker_, r, "replica " + std::to_string(worker_ * replicas_ + r)));
   }
-  if (workers_ > 1) tracks_.push_back(std::make_unique<trace_track>(worker_, replicas_, "communication thread (MPI)"));
+  if (workers_ > 1) tracks_.push_back(std::make_unique<trace_track>(worker_, replicas_, "cross-worker MPI calls"));
   file_ = f;
   path_ = file;
   first_ = true;

@@ -25,7 +25,7 @@ class trace_track;
 /// from one thread of that worker at a time (the run's replica 0, or the user's thread outside
 /// `run`). Each call carries which call of the program it is: the calling thread's
 /// `detail::current_position` (the user's collective in fn, by number, kind and op or root) and
-/// `what` (the API, outside fn). A disagreement that the group can detect (sizes, element
+/// `what` (the API, outside fn: a string literal, which the group may name after the call). A disagreement that the group can detect (sizes, element
 /// types, ops, or two different calls) is a `shape_error` on every worker, naming each worker's
 /// call; a worker that does not arrive within the timeout is a
 /// `timeout_error` on every waiting worker naming its replicas; a failure reported by another
@@ -139,7 +139,8 @@ class worker_group {
   class device_abort_listener {
    public:
     /// Worker `worker` aborted its communicators because of `why`: abort this worker's. Called
-    /// on the group's communication thread.
+    /// by the thread making the group's MPI calls: its communication thread, or a caller of a
+    /// collective (which holds no lock of the listener's).
     virtual void peer_aborted(int worker, const std::string& why) noexcept = 0;
     /// The group is being destroyed: no more calls come, and the listener must not call it.
     virtual void group_gone() noexcept = 0;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <stdlib.h>  // mkdtemp
@@ -20,7 +21,9 @@
 #include <ranges>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 #include <mirror/mirror.hpp>
 #include <sched.h>
@@ -174,6 +177,91 @@ TEMPLATE_TEST_CASE("cluster conformance: all_reduce equals a serial loop over th
     }
     (void)w;
   }
+}
+
+// The agreement check's message carries up to 112 bytes of a reduction's elements
+// (backends/mpi/group/agreement_slot.hpp): the counts around that edge take both paths. Inputs
+// are chosen so that every order gives the same bits (the order is the next cases'), and narrow
+// or unsigned integers wrap around: Open MPI 4.1's own sums of 1- and 2-byte integers saturate on
+// AVX-512 hosts, which mirror must not inherit (this case fails there with MPI_SUM).
+TEMPLATE_TEST_CASE("cluster: small reductions in the agreement check's message equal the serial loop, every kind and op",
+                   "[mpi]", float, double, std::int8_t, std::uint8_t, std::int16_t, std::uint16_t, std::int32_t,
+                   std::uint32_t, std::int64_t, std::uint64_t) {
+  using T = TestType;
+  constexpr std::size_t slot = 112 / sizeof(T);
+  const int W = world_size();
+  // Wrapping products and sums where the reference wraps without undefined behaviour: types
+  // narrower than int (promoted, then converted back) and unsigned ones.
+  constexpr bool wraps = std::is_integral_v<T> && (sizeof(T) < sizeof(int) || std::is_unsigned_v<T>);
+  for (const bool validate : {true, false}) {
+    drop_shared_strategy();
+    for (const int R : {1, 2}) {
+      const int N = W * R;
+      Strategy s{Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30), .validate_shapes = validate}};
+      for (const std::size_t n : {std::size_t{1}, slot - 1, slot, slot + 1}) {
+        for (const auto op : mirror::test::all_ops) {
+          CAPTURE(validate, R, n, mirror::to_string(op));
+          std::vector<std::vector<T>> inputs(static_cast<std::size_t>(N), std::vector<T>(n));
+          for (int g = 0; g < N; ++g) {
+            for (std::size_t i = 0; i < n; ++i) {
+              inputs[static_cast<std::size_t>(g)][i] =
+                  wraps ? static_cast<T>(9700 * g + 131 * static_cast<int>(i) + 60)
+                        : mirror::test::input_vector<T>(op, g, n)[i];
+            }
+          }
+          const std::vector<T> want = hierarchical_reference<T>(op, W, R, inputs);
+          std::atomic<int> wrong{0};
+          s.run([&](auto& ctx) {
+            const auto g = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+            const auto out = ctx.all_reduce(op, inputs[g]);
+            if (!mirror::test::same_bits(out->data(), want.data(), n)) ++wrong;
+            std::vector<T> mine = inputs[g];  // the span form, in place
+            ctx.all_reduce(op, std::span<T>(mine));
+            if (!mirror::test::same_bits(mine.data(), want.data(), n)) ++wrong;
+          });
+          CHECK(wrong == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cluster: MIRROR_MPI_DIRECT_AGREEMENT out of range, or unequal across workers, is an invalid_argument",
+          "[mpi][mismatch]") {
+  const int w = world_rank();
+  drop_shared_strategy();
+  const char* before = std::getenv("MIRROR_MPI_DIRECT_AGREEMENT");
+  const std::string kept = before != nullptr ? before : "";
+  const auto restore = [&] {
+    if (before != nullptr) {
+      setenv("MIRROR_MPI_DIRECT_AGREEMENT", kept.c_str(), 1);
+    } else {
+      unsetenv("MIRROR_MPI_DIRECT_AGREEMENT");
+    }
+  };
+  for (const char* bad : {"0", "65", "8x", "-3"}) {
+    CAPTURE(bad);
+    setenv("MIRROR_MPI_DIRECT_AGREEMENT", bad, 1);
+    try {
+      Strategy s{Cluster{.local = {.replicas = 1}, .timeout = std::chrono::seconds(30)}};
+      FAIL("no error");
+    } catch (const std::invalid_argument& e) {
+      CHECK_THAT(std::string(e.what()), Catch::Contains(std::string("MIRROR_MPI_DIRECT_AGREEMENT=") + bad) &&
+                                            Catch::Contains("1 to 64"));
+    }
+  }
+  setenv("MIRROR_MPI_DIRECT_AGREEMENT", w == 0 ? "2" : "5", 1);
+  try {
+    Strategy s{Cluster{.local = {.replicas = 1}, .timeout = std::chrono::seconds(30)}};
+    FAIL("no error");
+  } catch (const std::invalid_argument& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("MIRROR_MPI_DIRECT_AGREEMENT differs between the workers") &&
+                                          Catch::Contains(std::string("from 2 to 5; here ") + (w == 0 ? "2" : "5")));
+  }
+  restore();
+  // Equal on every worker: accepted, and the strategy works.
+  Strategy& s = strategy_with(1);
+  CHECK(s.reduce(ReduceOp::sum, s.run([](auto&) { return 1; })) == world_size());
 }
 
 TEST_CASE("cluster: random floats: the same bits on every worker and run after run", "[mpi]") {

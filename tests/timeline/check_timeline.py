@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Runs tests/timeline/write_timeline.cpp's program and checks the Chrome trace it writes
 (docs/debugging.md#the-timeline): valid JSON in the object format that Perfetto and
-chrome://tracing read; a named track per replica (and per worker's communication thread);
+chrome://tracing read; a named track per replica (and per worker, its MPI calls);
 complete events, in time order and properly nested on each track; every phase the page names,
 the collectives with their call sites, and the slow replica's imbalance showing as waits.
 
@@ -62,8 +62,8 @@ for w in range(W):
     for r in range(R):
         if names.get((w, r)) != f'replica {w * R + r}':
             problem(f'track ({w}, {r}) is named {names.get((w, r))!r}, not replica {w * R + r}')
-    if W > 1 and names.get((w, R)) != 'communication thread (MPI)':
-        problem(f'worker {w} has no communication thread track: {names}')
+    if W > 1 and names.get((w, R)) != 'cross-worker MPI calls':
+        problem(f'worker {w} has no "cross-worker MPI calls" track: {names}')
 
 # Complete events, in time order and nested on each track.
 tracks = collections.defaultdict(list)
@@ -116,9 +116,9 @@ for w in range(W):
         if not named((w, 0), 'cross-worker step'):
             problem(f'worker {w}: replica {w * R} has no "cross-worker step" span')
         comm = (w, R)
-        for name in ('all-reduce (MPI)', 'broadcast (MPI)', 'agreement check (MPI_Iallreduce)'):
+        for name in ('all-reduce (MPI)', 'broadcast (MPI)', 'agreement check'):
             if not named(comm, name):
-                problem(f'worker {w}: no "{name}" span on the communication thread')
+                problem(f'worker {w}: no "{name}" span on its "cross-worker MPI calls" track')
 
 # The imbalance: the last replica computes 20 ms, the others 2 ms, so a replica of its worker
 # waits for it in the first collective of each run (its agreement check), for far longer than

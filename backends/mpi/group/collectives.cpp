@@ -6,19 +6,23 @@
 
 namespace mirror::mpi {
 
-std::string group::impl::site_of(const job& j, std::size_t room) {
-  if (j.position.where.line() == 0 || room == 0) return {};
-  std::string site = detail::site_text(j.position.where).c_str();
+namespace {
+std::string site_text(const detail::collective_position& position, std::size_t room) {
+  if (position.where.line() == 0 || room == 0) return {};
+  std::string site = detail::site_text(position.where).c_str();
   if (site.size() >= room) site.erase(0, site.size() - (room - 1));
   return site;
 }
+}  // namespace
 
-std::string group::impl::where_of(const job& j) {
-  const std::string site = site_of(j, 4096);
-  if (j.position.sequence == 0) return site.empty() ? std::string(j.what) : std::string(j.what) + " at " + site;
+std::string group::impl::site_of(const job& j, std::size_t room) { return site_text(j.position, room); }
+
+std::string group::impl::where_of(const char* what, const detail::collective_position& position) {
+  const std::string site = site_text(position, 4096);
+  if (position.sequence == 0) return site.empty() ? std::string(what) : std::string(what) + " at " + site;
   return detail::format("collective #%llu (%s) of fn at %s, its cross-worker step",
-                        static_cast<unsigned long long>(j.position.sequence),
-                        detail::to_string(j.position.kind, j.position.param).text, site.c_str())
+                        static_cast<unsigned long long>(position.sequence),
+                        detail::to_string(position.kind, position.param).text, site.c_str())
       .c_str();
 }
 
@@ -48,7 +52,8 @@ const char* group::impl::job_name(const job& j) noexcept {
 
 void group::impl::execute(job& j) {
   const job_span traced{trace, job_name(j)};
-  where = where_of(j);
+  where_what = j.what;
+  where_position = j.position;
   job_phase = j.phase;
   if (phase_starts.empty() || phase_starts.back().first < j.phase) {
     phase_starts.emplace_back(j.phase, sequence);
@@ -63,19 +68,30 @@ void group::impl::execute(job& j) {
     // A failed run is recovered from before anything later is posted; the failed run's own
     // later collectives are not posted at all.
     note_local_failure();
-    if (pending > drained && pending <= j.phase) recover(pending, nullptr);
+    if (pending > drained && pending <= j.phase) recover(pending, {});
     throw_if_failed(j.phase);
     // An all-gather's counts were gathered (and checked) just before: equal on every worker.
     const bool check_first =
         j.kind == job::check || (validate && !((j.kind == job::reduce || j.kind == job::gather) && j.checked));
+    // A small reduction's elements ride in the agreement check's message: one collective, not
+    // two. Without a check to make, that message is still the cheapest where it is direct
+    // messages (no libnbc schedule to build).
+    if (carries(j) && (check_first || W <= direct_agreement)) {
+      const job_span carried{trace, check_first ? "agreement check carrying the data" : "small reduction (messages)"};
+      return agree(j, true, check_first);
+    }
     if (check_first) {
-      const job_span checking{trace, "agreement check (MPI_Iallreduce)"};
+      const job_span checking{trace, "agreement check"};
       agree(j);
     }
     if (j.kind == job::check) return;
     // An empty payload still waits for every worker (MPI completes an empty collective at
     // once, alone): a worker whose run failed before this collective must fail it here too.
-    if ((j.kind == job::reduce || j.kind == job::bcast || j.kind == job::scatter) && j.count == 0) return sync(j);
+    // The agreement check, where there was one, did.
+    if ((j.kind == job::reduce || j.kind == job::bcast || j.kind == job::scatter) && j.count == 0) {
+      if (!check_first) sync(j);
+      return;
+    }
     if (j.kind == job::scatter) return scatter(j);
     if (j.kind == job::gather) return gather(j);
     if (j.kind == job::counts) return gather_counts(j);
@@ -183,8 +199,7 @@ void group::impl::scatter(job& j) {
   const auto* in = static_cast<const unsigned char*>(j.data);
   auto* out = static_cast<unsigned char*>(j.out);
   const MPI_Datatype type = datatype_of(j.element);
-  const bool by_worker =
-      j.in_worker_order || W == 2 || !j.element.is_floating();
+  const bool by_worker = j.in_worker_order || W == 2 || !j.element.is_floating();
   if (!by_worker) {
     auto whole = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, j.count * bytes));
     if (j.count != 0) std::memcpy(whole.get(), in, j.count * bytes);
@@ -197,12 +212,7 @@ void group::impl::scatter(job& j) {
     if (ring) ring_algorithm.set(0);
     check(code, "MPI_Iallreduce (reduce-scatter)", j.what);
     wait_keeping(request, j.what, whole);
-    std::size_t pos = 0;
-    for (std::size_t k = 0; k < K; ++k) {
-      const std::size_t i = k * Wn + static_cast<std::size_t>(w);
-      if (count[i] != 0) std::memmove(out + pos * bytes, whole.get() + (at[k] + first[i]) * bytes, count[i] * bytes);
-      pos += count[i];
-    }
+    keep_ranges(j, whole.get());
     return;
   }
   std::vector<std::size_t> per(Wn, 0);  // each worker's elements over all leaves
@@ -251,6 +261,42 @@ void group::impl::scatter(job& j) {
           "MPI_Reduce_local (reduce-scatter)", j.what);
   }
   if (mine != 0) std::memmove(out, rows.get(), mine * bytes);
+}
+
+void group::impl::keep_ranges(const job& j, const unsigned char* whole) const {
+  const std::size_t K = j.num_sizes, bytes = j.element.bytes, Wn = static_cast<std::size_t>(W);
+  std::vector<std::size_t> first, count;
+  worker_ranges(j.sizes, K, first, count);
+  auto* out = static_cast<unsigned char*>(j.out);
+  std::size_t pos = 0, at = 0;
+  for (std::size_t k = 0; k < K; ++k) {
+    const std::size_t i = k * Wn + static_cast<std::size_t>(w);
+    if (count[i] != 0) std::memmove(out + pos * bytes, whole + (at + first[i]) * bytes, count[i] * bytes);
+    pos += count[i];
+    at += j.sizes[k];
+  }
+}
+
+bool group::impl::carries(const job& j) const noexcept {
+  if (j.kind != job::reduce && j.kind != job::scatter) return false;
+  if (j.count == 0 || j.count * j.element.bytes > slot_payload_bytes || datatype_of(j.element) == MPI_BYTE) return false;
+  // A direct check folds in worker order; MPI_Iallreduce in its own, which two operands share.
+  return !j.in_worker_order || W <= direct_agreement || W == 2;
+}
+
+int group::impl::post_exchange(agreement_slot* rows, MPI_Request* requests, const char* what) {
+  int n = 0;
+  for (int p = 0; p < W; ++p) {
+    if (p == w) continue;
+    check(MPI_Irecv(&rows[p], sizeof(agreement_slot), MPI_BYTE, p, tag_agreement, data, &requests[n++]),
+          "MPI_Irecv (agreement check)", what);
+  }
+  for (int p = 0; p < W; ++p) {
+    if (p == w) continue;
+    check(MPI_Isend(&rows[w], sizeof(agreement_slot), MPI_BYTE, p, tag_agreement, data, &requests[n++]),
+          "MPI_Isend (agreement check)", what);
+  }
+  return n;
 }
 
 void group::impl::gather(job& j) {
@@ -335,7 +381,7 @@ std::uint64_t group::impl::text_hash(const char* text) noexcept {
   return h;
 }
 
-void group::impl::agree(job& j) {
+void group::impl::agree(job& j, bool carried, bool keyed) {
   // What the collective is, in one number: an op in worker order is another collective (an
   // all-to-all and an all-gather): +100; a reduce-scatter +200; a broadcast 1000 + its root.
   std::uint64_t what_kind = 0, element = static_cast<std::uint64_t>(j.element.cat) << 8 | j.element.bytes;
@@ -348,26 +394,61 @@ void group::impl::agree(job& j) {
     default: what_kind = static_cast<std::uint64_t>(j.op) + (j.in_worker_order ? 100 : 0); break;
   }
   const std::uint64_t call = detail::pack_call(j.position.kind, j.position.param);
-  std::int64_t key = agreement_key(j.count, element, what_kind);
-  key = agreement_key(static_cast<std::uint64_t>(key), j.position.sequence, call);
-  // And the run: the phase (odd inside a run, even between runs) tells a worker still in run n
-  // from one that returned from it and is in run n + 1 at the same collective number.
-  key = agreement_key(static_cast<std::uint64_t>(key), text_hash(j.what), static_cast<std::uint64_t>(j.phase));
-  if (j.sizes != nullptr) {
-    // Each leaf's size (or each worker's count of each leaf) must agree too, not only the sum.
-    const std::size_t n = j.kind == job::gather ? j.num_sizes * static_cast<std::size_t>(W) : j.num_sizes;
-    key = agreement_key(static_cast<std::uint64_t>(key), detail::shape_hash(j.sizes, n), j.num_sizes);
+  // Zero where no check is made: every worker's keys are then equal.
+  std::int64_t key = 0;
+  if (keyed) {
+    key = agreement_key(j.count, element, what_kind);
+    key = agreement_key(static_cast<std::uint64_t>(key), j.position.sequence, call);
+    // And the run: the phase (odd inside a run, even between runs) tells a worker still in run n
+    // from one that returned from it and is in run n + 1 at the same collective number.
+    key = agreement_key(static_cast<std::uint64_t>(key), text_hash(j.what), static_cast<std::uint64_t>(j.phase));
+    if (j.sizes != nullptr) {
+      // Each leaf's size (or each worker's count of each leaf) must agree too, not only the sum.
+      const std::size_t n = j.kind == job::gather ? j.num_sizes * static_cast<std::size_t>(W) : j.num_sizes;
+      key = agreement_key(static_cast<std::uint64_t>(key), detail::shape_hash(j.sizes, n), j.num_sizes);
+    }
   }
+  // The elements of a carried reduction, then zeros: every worker's slot holds the same bytes
+  // where unused.
+  agreement_slot own;
+  own.key[0] = key;
+  own.key[1] = -key;
+  const std::size_t carried_bytes = carried ? j.count * j.element.bytes : 0;
+  if (carried_bytes != 0) std::memcpy(own.payload, j.data, carried_bytes);
+  std::memset(own.payload + carried_bytes, 0, slot_payload_bytes - carried_bytes);
+  const ReduceOp op = j.op == ReduceOp::mean ? ReduceOp::sum : j.op;
+  log_post(post_agreement, carried ? 1 : 0, carried ? j.element.code() : 0, static_cast<std::int64_t>(op));
   // On the heap, and kept if the check is given up on (keep_until_exit says why).
-  auto both = std::make_unique<std::int64_t[]>(2);
-  both[0] = key;
-  both[1] = -key;
-  log_post(post_allreduce, 2, int64_kind.code(), static_cast<std::int64_t>(ReduceOp::max));
+  std::unique_ptr<agreement_slot[]> slots;
+  const agreement_slot* agreed = nullptr;
   MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(MPI_IN_PLACE, both.get(), 2, MPI_INT64_T, MPI_MAX, data, &request),
-        "MPI_Iallreduce (agreement check)", j.what);
-  wait_keeping(request, j.what, both);
-  if (both[0] == -both[1]) return;
+  if (W <= direct_agreement) {
+    slots = std::make_unique<agreement_slot[]>(static_cast<std::size_t>(W));
+    slots[static_cast<std::size_t>(w)] = own;
+    std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
+    const int n = post_exchange(slots.get(), requests.data(), j.what);
+    wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), j.what, slots);
+    // Every worker folds the same slots in the same order: the same bits everywhere.
+    const slot_combiner combine = agreement_combiner(carried, j.element, op);
+    for (int p = 1; p < W; ++p) combine(slots[static_cast<std::size_t>(p)], slots[0]);
+    agreed = &slots[0];
+  } else {
+    slots = std::make_unique<agreement_slot[]>(1);
+    slots[0] = own;
+    check(MPI_Iallreduce(MPI_IN_PLACE, slots.get(), 1, agreement_type(), agreement_op(carried, j.element, op), data,
+                         &request),
+          "MPI_Iallreduce (agreement check)", j.what);
+    wait_keeping(request, j.what, slots);
+    agreed = &slots[0];
+  }
+  if (agreed->key[0] == -agreed->key[1]) {
+    if (carried && j.kind == job::scatter) {
+      keep_ranges(j, agreed->payload);
+    } else if (carried_bytes != 0) {
+      std::memcpy(j.data, agreed->payload, carried_bytes);
+    }
+    return;
+  }
   // Mine, then every worker's.
   constexpr std::size_t D = description_words;
   auto gathered = std::make_unique<std::int64_t[]>(D + D * static_cast<std::size_t>(W));

@@ -67,10 +67,31 @@ int group::impl::on_finalize(MPI_Comm, int, void* attribute, void*) {
   return MPI_SUCCESS;
 }
 
+bool group::impl::drive(job& j) {
+  std::unique_lock turn(driver, std::try_to_lock);
+  if (!turn.owns_lock()) return false;  // the communication thread is in a round: hand the job over
+  {
+    std::lock_guard lock(mutex);
+    // Behind queued jobs, or on a group that is ending or broken (post() says so): the usual way.
+    if (!queue.empty() || stop || shut_down || broken.why != broken_state::none) return false;
+  }
+  j.position = detail::current_position;
+  j.phase = phase.load(std::memory_order_relaxed);
+  // As the communication thread before each job: a notice may be waiting (a worker that gave up
+  // waiting for this one makes this job fail at once, as the late one).
+  try {
+    serve_control();
+    progress_sends();
+  } catch (...) {
+    mark_broken_mpi(std::current_exception());
+  }
+  execute(j);
+  if (j.error) std::rethrow_exception(j.error);
+  return true;
+}
+
 void group::impl::main_loop() {
   for (bool after_job = false;;) {
-    job* j = nullptr;
-    bool stopping = false;
     // Right after a collective the next one usually follows at once (a training step's leaves,
     // a loop of all-reduces): spin for it briefly instead of parking, saving the wake-up.
     if (after_job) {
@@ -82,8 +103,15 @@ void group::impl::main_loop() {
       // answer "which collective have you entered" while its replicas compute).
       wake_comm.wait_for(lock, std::chrono::milliseconds(1), [&] {
         return stop || !queue.empty() || device_abort ||
-               local_failed_phase.load(std::memory_order_relaxed) > drained;
+               local_failed_phase.load(std::memory_order_relaxed) > drained.load(std::memory_order_relaxed);
       });
+    }
+    // A caller may be running its own job (drive()): this round waits for it to end.
+    std::lock_guard turn(driver);
+    job* j = nullptr;
+    bool stopping = false;
+    {
+      std::lock_guard lock(mutex);
       if (!queue.empty()) {
         j = queue.front();
         queue.pop_front();
@@ -98,7 +126,7 @@ void group::impl::main_loop() {
       // A run failed here or on another worker: recover now, while this thread is free (the
       // others wait for this worker's answer), not when the next job comes.
       note_local_failure();
-      if (pending > drained && !is_broken()) recover(pending, nullptr);
+      if (pending > drained && !is_broken()) recover(pending, {});
     } catch (const timeout_error&) {
       // recover() gave up on a worker and marked the group broken; later jobs throw it.
     } catch (...) {
@@ -124,12 +152,22 @@ void group::impl::mark_broken_mpi(const std::exception_ptr& e) {
   if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, what_of(e), {}};
 }
 
-void group::impl::wait(MPI_Request& request, const char* what) {
+void group::impl::wait(std::span<MPI_Request> requests, const char* what) {
   auto start = clock::now();
   auto deadline = start + timeout;
+  const auto abandon = [&] {
+    for (const MPI_Request r : requests) {
+      if (r != MPI_REQUEST_NULL) abandoned.push_back(r);
+    }
+  };
   for (unsigned polls = 0;; ++polls) {
     int done = 0;
-    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
+    if (requests.size() == 1) {
+      check(MPI_Test(&requests[0], &done, MPI_STATUS_IGNORE), "MPI_Test", what);
+    } else {
+      check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall",
+            what);
+    }
     if (done) return;
     // The control communicator, the failure flag and the clock every 8th poll only: MPI_Test
     // is what moves the collective along, the rest is bookkeeping (a probe costs a progress
@@ -138,16 +176,16 @@ void group::impl::wait(MPI_Request& request, const char* what) {
     serve_control();
     progress_sends();
     if (remote) {  // another worker gave up waiting for this one
-      abandoned.push_back(request);
+      abandon();
       time_out(start, what);
     }
     note_local_failure();
     if (pending > drained && pending <= job_phase) {
       const std::int64_t failed = pending;
       try {
-        recover(failed, failed == job_phase ? &request : nullptr);
+        recover(failed, failed == job_phase ? requests : std::span<MPI_Request>());
       } catch (...) {
-        if (request != MPI_REQUEST_NULL) abandoned.push_back(request);
+        abandon();
         throw;
       }
       if (failed == job_phase) throw_failure();
@@ -157,7 +195,7 @@ void group::impl::wait(MPI_Request& request, const char* what) {
     }
     const auto now = clock::now();
     if (now >= deadline) {
-      abandoned.push_back(request);
+      abandon();
       time_out(start, what);
     }
     // Never sleep for the first second: Open MPI's shared-memory and libnbc collectives
@@ -230,7 +268,7 @@ void group::impl::time_out(clock::time_point start, const char*) {
   std::string text = detail::format("mirror: worker %d", w).c_str();
   if (remote && remote->why == broken_state::timeout) {
     text += detail::format(" waited %lld ms in %s until worker %d gave up waiting for it", static_cast<long long>(waited),
-                           where.c_str(), remote->replica / R)
+                           where_text().c_str(), remote->replica / R)
                 .c_str();
   } else {
     text += detail::format(" waited for the timeout of %lld ms (devices::Cluster{.timeout})", limit).c_str();
@@ -238,7 +276,7 @@ void group::impl::time_out(clock::time_point start, const char*) {
     if (waited > limit + limit / 10 + 100) {
       text += detail::format(" (%lld ms in all, with a recovery)", static_cast<long long>(waited)).c_str();
     }
-    text += " in " + where;
+    text += " in " + where_text();
   }
   text += "; replicas {" + names + "} did not reach this collective";
   if (!late.empty()) {
@@ -324,6 +362,7 @@ void group::impl::serve_control() {
     if (status.MPI_TAG == tag_query) {
       seen = std::max(seen, head[0]);  // it asks about a collective it has entered
       // {entered, asked}, then where this worker's last cross-worker call is (its message names it).
+      const std::string where = where_text();
       std::vector<char> reply(2 * sizeof(std::int64_t) + where.size());
       const std::int64_t numbers[2] = {sequence, head[0]};
       std::memcpy(reply.data(), numbers, sizeof numbers);

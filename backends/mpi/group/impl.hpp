@@ -4,9 +4,11 @@
 // worker's group and the declarations of its parts, each in its own file:
 //   mpi_group.cpp            the group: construction (collective over the communicator), its
 //                            public collectives (each a job handed to the communication thread)
-//   group/comm_thread.cpp    the communication thread: the hand-off, polling a posted collective,
-//                            the control communicator (who-has-arrived queries, notices), timeouts
+//   group/comm_thread.cpp    the communication thread: the hand-off (or the caller running its
+//                            job itself), polling a posted collective, the control communicator
+//                            (who-has-arrived queries, notices), timeouts
 //   group/collectives.cpp    the MPI collectives a job posts, and the agreement check before them
+//   group/agreement_slot.cpp the agreement check's message, which carries a small all-reduce's data
 //   group/recovery.cpp       completing a failed run's collectives on every worker
 //   gpu_placement.cpp        Cluster<Cuda>'s GPU placement, before the group exists
 // and the helpers they share (MPI datatypes and ops, error texts), below.
@@ -16,8 +18,10 @@
 #include <mpi.h>
 
 #include <mirror/backends/mpi/mpi_group.hpp>
+#include <mirror/backends/mpi/group/agreement_slot.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -30,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -66,9 +71,11 @@ enum notice_kind : std::int64_t { notice_failure = 0, notice_timeout = 1, notice
 // not post it to post its match (recover()): what, how many elements of which kind, the op or
 // the root. Sent as posted_words int64.
 // post_allgather_words: `count` int64 per worker; post_alltoall: blocks of `count` elements;
-// post_allgather_bytes: blocks of `count` bytes, `op` 1 when in place.
+// post_allgather_bytes: blocks of `count` bytes, `op` 1 when in place; post_agreement: one
+// agreement_slot, `count` 1 when it carried data (of `element` under `op`).
 enum post_kind : std::int64_t { post_allreduce = 0, post_bcast = 1, post_allgather_words = 2, post_alltoallv = 3,
-                                post_allgatherv = 4, post_alltoall = 5, post_allgather_bytes = 6 };
+                                post_allgatherv = 4, post_alltoall = 5, post_allgather_bytes = 6,
+                                post_agreement = 7 };
 struct posted_op {
   std::int64_t seq = 0;      // its number among this worker's posts (impl::sequence)
   std::int64_t kind = 0;     // post_kind
@@ -137,12 +144,29 @@ void floating_extreme(void* in, void* inout, int* len, MPI_Datatype* type) {
     each(static_cast<const long double*>(in), static_cast<long double*>(inout));
   }
 }
+// Sums of 1- and 2-byte integers wrap around, as everywhere in mirror (two's complement).
+// Open MPI 4.1's AVX reductions (its op/avx component, chosen on AVX-512 hosts) saturate them
+// instead: MPI_SUM of MPI_INT8_T gave 127 for 100 + 100, and likewise for uint8, int16 and
+// uint16 (2 ranks, Debian's 4.1.4); wider integers wrap. So these sums are mirror's own op.
+template <class T>
+void wrapping_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = static_cast<T>(static_cast<unsigned>(a[i]) + static_cast<unsigned>(b[i]));
+}
+
 inline MPI_Op floating_min = MPI_OP_NULL, floating_max = MPI_OP_NULL;  // made once MPI is initialised
-inline std::once_flag floating_ops_made;
-inline void make_floating_ops() {
-  std::call_once(floating_ops_made, [] {
+inline MPI_Op narrow_sum[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};  // [signed][2-byte]
+inline std::once_flag ops_made;
+/// The reductions MPI lacks or gets wrong (above); once per process, after MPI_Init.
+inline void make_ops() {
+  std::call_once(ops_made, [] {
     check(MPI_Op_create(&floating_extreme<false>, 1, &floating_min), "MPI_Op_create (min)");
     check(MPI_Op_create(&floating_extreme<true>, 1, &floating_max), "MPI_Op_create (max)");
+    check(MPI_Op_create(&wrapping_sum<std::uint8_t>, 1, &narrow_sum[0][0]), "MPI_Op_create (sum)");
+    check(MPI_Op_create(&wrapping_sum<std::uint16_t>, 1, &narrow_sum[0][1]), "MPI_Op_create (sum)");
+    check(MPI_Op_create(&wrapping_sum<std::int8_t>, 1, &narrow_sum[1][0]), "MPI_Op_create (sum)");
+    check(MPI_Op_create(&wrapping_sum<std::int16_t>, 1, &narrow_sum[1][1]), "MPI_Op_create (sum)");
   });
 }
 
@@ -150,7 +174,11 @@ inline MPI_Op op_of(ReduceOp op, detail::element_kind kind) {
   const bool floating = kind.is_floating();
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::mean: return MPI_SUM;
+    case ReduceOp::mean:
+      if (!floating && kind.bytes <= 2) {
+        return narrow_sum[kind.cat == detail::element_kind::category::signed_integer ? 1 : 0][kind.bytes == 2 ? 1 : 0];
+      }
+      return MPI_SUM;
     case ReduceOp::prod: return MPI_PROD;
     case ReduceOp::min: return floating ? floating_min : MPI_MIN;
     case ReduceOp::max: return floating ? floating_max : MPI_MAX;
@@ -347,6 +375,11 @@ struct group::impl {
   // order every worker posts them: the calling rule); a caller may post several before it waits
   // (worker_group::start_all_reduce), so they queue.
   std::mutex mutex;
+  // Held by whichever thread makes the group's MPI calls and uses the communication-thread state
+  // below: the communication thread for each round of its loop, or a caller that runs its own
+  // job (drive()). So mirror never makes two MPI calls at once (MPI_THREAD_SERIALIZED is enough),
+  // and a job runs after every job queued before it. Taken before `mutex`, never after.
+  std::mutex driver;
   std::condition_variable wake_comm, wake_caller;
   std::deque<job*> queue;           // posted, not yet taken by the thread (guarded by mutex)
   std::atomic<bool> posted{false};  // the queue is not empty: what the idle thread spins on
@@ -441,7 +474,9 @@ struct group::impl {
   std::atomic<std::int64_t> local_failed_phase{-1};  // report_failure's news for this thread
   // Communication-thread state of the recovery.
   std::int64_t job_phase = 0;  // the phase of the job being executed (or of the last one)
-  std::int64_t drained = -1;   // the last failed phase recovered from
+  // The last failed phase recovered from. Atomic only because the idle thread's wake-up test
+  // reads it without holding `driver`.
+  std::atomic<std::int64_t> drained{-1};
   std::int64_t pending = -1;   // a failed phase learned of and not recovered from yet
   std::deque<posted_op> posts;  // this worker's posts of the last phases (a recovery sends them)
   std::vector<std::pair<std::int64_t, std::int64_t>> phase_starts;  // (phase, sequence before its first job)
@@ -459,8 +494,15 @@ struct group::impl {
   void post(job& j);
   /// Blocks until the thread has executed `j`; rethrows its error.
   void await(job& j);
-  /// post, then await.
+  /// Executes `j` on the calling thread when nothing is queued before it and no other thread is
+  /// making the group's MPI calls (`driver` is free), rethrowing its error; false otherwise
+  /// (nothing was done). A blocking collective then costs no hand-off: the caller would only
+  /// wait for the communication thread, and both would compete for a core.
+  bool drive(job& j);
+  /// The job, on the calling thread where drive() can, else handed to the communication thread
+  /// and awaited.
   void run(job& j) {
+    if (drive(j)) return;
     post(j);
     await(j);
   }
@@ -477,11 +519,16 @@ struct group::impl {
 
   void mark_broken_mpi(const std::exception_ptr& e);
 
-  // How messages name job j: the user's collective as numbered in fn, or the API outside fn.
-  static std::string where_of(const job& j);
+  // How messages name a job: the user's collective as numbered in fn, or the API outside fn.
+  static std::string where_of(const char* what, const detail::collective_position& position);
   /// How a job shows on the timeline's communication track.
   static const char* job_name(const job& j) noexcept;
-  std::string where;  // where_of(the job being executed), for wait()'s messages
+  // The job being executed (or the last one), for the messages of wait() and of the replies to
+  // other workers' queries: formatted only when one is written (where_text()). `what` is a
+  // string literal (worker_group's contract), so keeping the pointer is safe.
+  const char* where_what = "";
+  detail::collective_position where_position{};
+  std::string where_text() const { return where_of(where_what, where_position); }
   detail::trace_track* trace = nullptr;  // the timeline's track of this thread (set under mutex), or null
 
   void execute(job& j);
@@ -548,7 +595,37 @@ struct group::impl {
   /// calls never pair, however alike their payloads (a Strategy::reduce outside run against an
   /// all_reduce in fn; collective #1 of one run against collective #1 of the next). Phases stay
   /// equal on every worker: runs are collective, and a disagreement realigns them (resync_phase).
-  void agree(job& j);
+  /// With `carried`, `j`'s elements ride in the check's slot (carries()) and the check is the
+  /// whole collective: on agreement they are the reduction's result (all_reduce: in `j.data`;
+  /// reduce-scatter: this worker's ranges in `j.out`). Without `keyed` (no check to make: it was
+  /// made before, or Cluster{.validate_shapes = false}) the keys are zero, so only the data moves.
+  void agree(job& j, bool carried = false, bool keyed = true);
+
+  // Up to this many workers an agreement check is one round of messages, each worker's slot to
+  // every other, folded by each in worker order: the same bits everywhere, and no libnbc
+  // schedule to build (2 workers: 0.4 us against MPI_Iallreduce's 1.1 us). More workers use
+  // MPI_Iallreduce of the slot, whose messages grow as log W, not W. MIRROR_MPI_DIRECT_AGREEMENT
+  // (equal on every worker; checked at construction) moves the limit.
+  static constexpr int direct_agreement_default = 8;
+  static constexpr int direct_agreement_max = 64;
+  int direct_agreement = direct_agreement_default;
+  static constexpr int tag_agreement = 1;  // on `data`: MPI keeps collectives' messages apart from these
+
+  /// Posts the messages of one direct agreement check: worker p's slot into rows[p] for each
+  /// other p, and rows[w] to every other worker. Returns how many requests it wrote
+  /// (2 (W - 1)).
+  int post_exchange(agreement_slot* rows, MPI_Request* requests, const char* what);
+
+  /// Whether job `j`'s agreement check carries its data: an all-reduce, or a reduce-scatter
+  /// (an all-reduce of which the worker keeps its ranges), of at most slot_payload_bytes, of a
+  /// kind MPI has, unless it must fold in worker order and the check does not (MPI_Iallreduce,
+  /// over more than two workers). Every worker decides alike where the checks agree: the key
+  /// covers all of it.
+  bool carries(const job& j) const noexcept;
+
+  /// A reduce-scatter's result from the reduction of the whole of its input (`whole`, j.count
+  /// elements): this worker's range of each leaf, in turn, into j.out.
+  void keep_ranges(const job& j, const unsigned char* whole) const;
 
   /// The error of a failed agreement check, from every worker's description (`all`, W of
   /// description_words): the same text and type on every worker. Every worker also aligns its
@@ -565,19 +642,25 @@ struct group::impl {
   /// wait(), and when it gives up, `buffer` (the request's) is kept alive for the rest of the
   /// process, since MPI may still write into it.
   template <class T>
-  void wait_keeping(MPI_Request& request, const char* what, std::unique_ptr<T[]>& buffer) {
+  void wait_keeping(std::span<MPI_Request> requests, const char* what, std::unique_ptr<T[]>& buffer) {
     try {
-      wait(request, what);
+      wait(requests, what);
     } catch (...) {
       keep_until_exit(buffer);
       throw;
     }
   }
+  template <class T>
+  void wait_keeping(MPI_Request& request, const char* what, std::unique_ptr<T[]>& buffer) {
+    wait_keeping(std::span<MPI_Request>(&request, 1), what, buffer);
+  }
 
-  /// Polls `request` to completion, serving the control communicator meanwhile. A failure in fn
-  /// of this run (on any worker) ends it with replica_error once recover() has completed it; one
-  /// of an earlier run is recovered from, and the wait goes on. timeout_error after the timeout.
-  void wait(MPI_Request& request, const char* what);
+  /// Polls `requests` (one post: a collective, or the messages of one agreement check) to
+  /// completion, serving the control communicator meanwhile. A failure in fn of this run (on any
+  /// worker) ends it with replica_error once recover() has completed it; one of an earlier run is
+  /// recovered from, and the wait goes on. timeout_error after the timeout.
+  void wait(std::span<MPI_Request> requests, const char* what);
+  void wait(MPI_Request& request, const char* what) { wait(std::span<MPI_Request>(&request, 1), what); }
 
   // Another worker gave up waiting for this one before this collective started: it is the late
   // worker, and fails the same way.
@@ -645,6 +728,7 @@ struct group::impl {
   // A dummy's request and what must outlive it.
   struct dummy {
     MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<MPI_Request> messages;  // post_agreement between few workers: its messages
     std::unique_ptr<unsigned char[]> buffer, rows;
     std::vector<int> counts, displs, from, at;
   };
@@ -652,9 +736,9 @@ struct group::impl {
   /// Posts the match of `o` (another worker's post), with data that nobody reads.
   void post_dummy(const posted_op& o, dummy& d);
 
-  /// The recovery from the failure of phase `failed` (see above). `interrupted`: this worker's
-  /// post of that run that a job was waiting in, or null.
-  void recover(std::int64_t failed, MPI_Request* interrupted);
+  /// The recovery from the failure of phase `failed` (see above). `interrupted`: the requests of
+  /// this worker's post of that run that a job was waiting in, or none.
+  void recover(std::int64_t failed, std::span<MPI_Request> interrupted);
 
   // ---------------- leaving: the strategy's destruction ----------------
   // Every worker destroys its strategy at the same point of the program, but not at the same

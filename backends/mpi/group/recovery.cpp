@@ -128,6 +128,21 @@ void group::impl::post_dummy(const posted_op& o, dummy& d) {
       check(code, "MPI_Iallreduce", what);
       return;
     }
+    case post_agreement: {
+      // Slots of zero keys: they match the check, which fails on the workers that made it.
+      const std::size_t slots = W <= direct_agreement ? static_cast<std::size_t>(W) : 1;
+      d.buffer = std::make_unique<unsigned char[]>(slots * sizeof(agreement_slot));
+      std::memset(d.buffer.get(), 0, slots * sizeof(agreement_slot));
+      auto* rows = reinterpret_cast<agreement_slot*>(d.buffer.get());
+      if (W <= direct_agreement) {
+        d.messages.resize(2 * static_cast<std::size_t>(W - 1));
+        post_exchange(rows, d.messages.data(), what);
+        return;
+      }
+      const MPI_Op op = agreement_op(o.count != 0, k, static_cast<ReduceOp>(o.op));
+      check(MPI_Iallreduce(MPI_IN_PLACE, rows, 1, agreement_type(), op, data, &d.request), "MPI_Iallreduce", what);
+      return;
+    }
     case post_bcast:
       d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, n));
       check(MPI_Ibcast(d.buffer.get(), static_cast<int>(n), MPI_BYTE, static_cast<int>(o.op), data, &d.request),
@@ -189,7 +204,16 @@ void group::impl::post_dummy(const posted_op& o, dummy& d) {
   }
 }
 
-void group::impl::recover(std::int64_t failed, MPI_Request* interrupted) {
+void group::impl::recover(std::int64_t failed, std::span<MPI_Request> interrupted) {
+  // Advances the interrupted post; true once it has completed.
+  const auto test_interrupted = [&] {
+    int done = 1;
+    if (!interrupted.empty()) {
+      check(MPI_Testall(static_cast<int>(interrupted.size()), interrupted.data(), &done, MPI_STATUSES_IGNORE),
+            "MPI_Testall (recovery)");
+    }
+    return done != 0;
+  };
   const auto start = clock::now();
   const auto deadline = start + timeout;
   auto& got = statuses[failed];
@@ -207,10 +231,7 @@ void group::impl::recover(std::int64_t failed, MPI_Request* interrupted) {
     if (clock::now() >= deadline) give_up(failed, start, "answer", nullptr);
     serve_control();
     progress_sends();
-    if (interrupted != nullptr && *interrupted != MPI_REQUEST_NULL) {
-      int done = 0;
-      check(MPI_Test(interrupted, &done, MPI_STATUS_IGNORE), "MPI_Test (recovery)");
-    }
+    test_interrupted();
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   // 2. Dummies up to the most any worker posted.
@@ -246,16 +267,14 @@ void group::impl::recover(std::int64_t failed, MPI_Request* interrupted) {
   }
   // 3. This worker's outstanding post of the run and its dummies complete.
   for (;;) {
-    bool all_done = true;
-    if (interrupted != nullptr && *interrupted != MPI_REQUEST_NULL) {
-      int done = 0;
-      check(MPI_Test(interrupted, &done, MPI_STATUS_IGNORE), "MPI_Test (recovery)");
-      all_done = all_done && done;
-    }
+    bool all_done = test_interrupted();
     for (dummy& d : dummies) {
-      if (d.request == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      check(MPI_Test(&d.request, &done, MPI_STATUS_IGNORE), "MPI_Test (recovery)");
+      int done = 1;
+      if (d.request != MPI_REQUEST_NULL) check(MPI_Test(&d.request, &done, MPI_STATUS_IGNORE), "MPI_Test (recovery)");
+      all_done = all_done && done;
+      if (d.messages.empty()) continue;
+      check(MPI_Testall(static_cast<int>(d.messages.size()), d.messages.data(), &done, MPI_STATUSES_IGNORE),
+            "MPI_Testall (recovery)");
       all_done = all_done && done;
     }
     if (all_done) break;
@@ -272,7 +291,7 @@ void group::impl::leave() {
   const auto deadline = clock::now() + timeout;
   try {
     note_local_failure();
-    if (pending > drained) recover(pending, nullptr);
+    if (pending > drained) recover(pending, {});
     const std::int64_t head[head_words] = {leaving, 0, 0, 0, 0, 0};
     for (int p = 0; p < W; ++p) {
       if (p != w) send(p, tag_failure, head, sizeof head, nullptr);
@@ -280,7 +299,7 @@ void group::impl::leave() {
     while (std::count(left.begin(), left.end(), 1) < W - 1 && clock::now() < deadline) {
       serve_control();
       progress_sends();
-      if (pending > drained) recover(pending, nullptr);
+      if (pending > drained) recover(pending, {});
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   } catch (...) {
@@ -311,6 +330,9 @@ void group::impl::give_up(std::int64_t failed, clock::time_point start, const ch
   if (dummies != nullptr) {
     for (dummy& d : *dummies) {
       if (d.request != MPI_REQUEST_NULL) abandoned.push_back(d.request);
+      for (const MPI_Request r : d.messages) {
+        if (r != MPI_REQUEST_NULL) abandoned.push_back(r);
+      }
       keep_until_exit(d.buffer);
       keep_until_exit(d.rows);
     }
