@@ -22,8 +22,8 @@ void finalize_at_exit() {
 
 /// This worker's share of its host's cores: each CPU in its affinity mask counts 1/k, k = the
 /// workers on this host whose masks hold it (2 unbound workers on 2 cores: 1 each; bound to a
-/// core each: 1 each). At least 1. Collective over `comm`.
-unsigned share_of_host_cores(MPI_Comm comm) {
+/// core each: 1 each; 3 unbound on 2 cores: 2/3 each). Collective over `comm`.
+double share_of_host_cores(MPI_Comm comm) {
   MPI_Comm host = MPI_COMM_NULL;
   check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host), "MPI_Comm_split_type");
   int size = 1;
@@ -51,7 +51,7 @@ unsigned share_of_host_cores(MPI_Comm comm) {
   MPI_Comm_free(&host);
   share = static_cast<double>(std::max(1u, std::thread::hardware_concurrency())) / size;
 #endif
-  return std::max(1u, static_cast<unsigned>(share + 1e-9));
+  return share;
 }
 
 }  // namespace
@@ -218,7 +218,9 @@ group::group(const group_options& o) : impl_(new impl()) {
                                     .c_str());
   }
   // Every worker is here (the check above completed): the blocking calls cannot hang.
-  m.cores = share_of_host_cores(m.data);
+  const double share = share_of_host_cores(m.data);
+  m.cores = std::max(1u, static_cast<unsigned>(share + 1e-9));
+  m.oversubscribed = share < 1 - 1e-9;
   // MPI_Finalize deletes MPI_COMM_SELF's attributes first: that stops the thread in time.
   check(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &impl::on_finalize, &m.keyval, nullptr), "MPI_Comm_create_keyval");
   check(MPI_Comm_set_attr(MPI_COMM_SELF, m.keyval, &m), "MPI_Comm_set_attr");

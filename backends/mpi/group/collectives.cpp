@@ -277,7 +277,35 @@ void group::impl::keep_ranges(const job& j, const unsigned char* whole) const {
   }
 }
 
+void group::impl::exchange_slot(agreement_slot& slot, bool carried, detail::element_kind kind, ReduceOp op,
+                                const char* what) {
+  op = op == ReduceOp::mean ? ReduceOp::sum : op;
+  log_post(post_agreement, carried ? 1 : 0, carried ? kind.code() : 0, static_cast<std::int64_t>(op));
+  // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
+  std::unique_ptr<agreement_slot[]> slots;
+  if (W <= direct_agreement) {
+    slots = std::make_unique<agreement_slot[]>(static_cast<std::size_t>(W));
+    slots[static_cast<std::size_t>(w)] = slot;
+    std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
+    const int n = post_exchange(slots.get(), requests.data(), what);
+    wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), what, slots);
+    // Every worker folds the same slots in the same order: the same bits everywhere.
+    const slot_combiner combine = agreement_combiner(carried, kind, op);
+    for (int p = 1; p < W; ++p) combine(slots[static_cast<std::size_t>(p)], slots[0]);
+  } else {
+    slots = std::make_unique<agreement_slot[]>(1);
+    slots[0] = slot;
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(MPI_IN_PLACE, slots.get(), 1, agreement_type(), agreement_op(carried, kind, op), data, &request),
+          "MPI_Iallreduce (agreement check)", what);
+    wait_keeping(request, what, slots);
+  }
+  slot = slots[0];
+}
+
 bool group::impl::carries(const job& j) const noexcept {
+  // An all-gather of counts is a sum of the workers' blocks, each zero but its owner's.
+  if (j.kind == job::counts) return j.count != 0 && j.count * static_cast<std::size_t>(W) * sizeof(std::int64_t) <= slot_payload_bytes;
   if (j.kind != job::reduce && j.kind != job::scatter) return false;
   if (j.count == 0 || j.count * j.element.bytes > slot_payload_bytes || datatype_of(j.element) == MPI_BYTE) return false;
   // A direct check folds in worker order; MPI_Iallreduce in its own, which two operands share.
@@ -314,6 +342,41 @@ void group::impl::gather(job& j) {
                                                j.what, block)
                                     .c_str());
   }
+  // Where worker p's block of leaf k starts in leaf k: after the blocks of workers 0..p-1.
+  std::vector<std::size_t> at(Wn * K, 0);
+  for (std::size_t k = 0; k < K; ++k) {
+    for (std::size_t p = 1; p < Wn; ++p) at[p * K + k] = at[(p - 1) * K + k] + counts[(p - 1) * K + k] * bytes;
+  }
+  // This worker's block, packed into `into`; and every other worker's, from its block in `rows`.
+  const auto pack = [&](unsigned char* into) {
+    std::size_t pos = 0;
+    for (std::size_t k = 0; k < K; ++k) {
+      const std::size_t n = counts[static_cast<std::size_t>(w) * K + k] * bytes;
+      if (n != 0) std::memcpy(into + pos, static_cast<unsigned char*>(j.leaves[k]) + at[static_cast<std::size_t>(w) * K + k], n);
+      pos += n;
+    }
+  };
+  const auto unpack = [&](const unsigned char* rows) {
+    for (std::size_t p = 0; p < Wn; ++p) {
+      if (p == static_cast<std::size_t>(w)) continue;
+      std::size_t pos = p * block;
+      for (std::size_t k = 0; k < K; ++k) {
+        const std::size_t n = counts[p * K + k] * bytes;
+        if (n != 0) std::memcpy(static_cast<unsigned char*>(j.leaves[k]) + at[p * K + k], rows + pos, n);
+        pos += n;
+      }
+    }
+  };
+  // Small: the blocks travel as a sum in one round of messages (each worker's block, zeros
+  // elsewhere), without a libnbc schedule.
+  if (Wn * block <= slot_payload_bytes && W <= direct_agreement) {
+    agreement_slot slot{};
+    pack(slot.payload + static_cast<std::size_t>(w) * block);
+    exchange_slot(slot, true, detail::element_kind{detail::element_kind::category::unsigned_integer, 1}, ReduceOp::sum,
+                  j.what);
+    unpack(slot.payload);
+    return;
+  }
   MPI_Request request = MPI_REQUEST_NULL;
   if (K == 1 && std::all_of(per.begin(), per.end(), [&](std::size_t c) { return c == block; })) {
     log_post(post_allgather_bytes, block, 0, 1);
@@ -323,20 +386,10 @@ void group::impl::gather(job& j) {
     wait(request, j.what);
     return;
   }
-  // Where worker p's block of leaf k starts in leaf k: after the blocks of workers 0..p-1.
-  std::vector<std::size_t> at(Wn * K, 0);
-  for (std::size_t k = 0; k < K; ++k) {
-    for (std::size_t p = 1; p < Wn; ++p) at[p * K + k] = at[(p - 1) * K + k] + counts[(p - 1) * K + k] * bytes;
-  }
   // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
   auto send = std::make_unique<unsigned char[]>(block);
   auto recv = std::make_unique<unsigned char[]>(Wn * block);
-  std::size_t pos = 0;
-  for (std::size_t k = 0; k < K; ++k) {
-    const std::size_t n = counts[static_cast<std::size_t>(w) * K + k] * bytes;
-    if (n != 0) std::memcpy(send.get() + pos, static_cast<unsigned char*>(j.leaves[k]) + at[static_cast<std::size_t>(w) * K + k], n);
-    pos += n;
-  }
+  pack(send.get());
   log_post(post_allgather_bytes, block, 0, 0);
   check(MPI_Iallgather(send.get(), static_cast<int>(block), MPI_BYTE, recv.get(), static_cast<int>(block), MPI_BYTE,
                        data, &request),
@@ -348,15 +401,7 @@ void group::impl::gather(job& j) {
     keep_until_exit(recv);
     throw;
   }
-  for (std::size_t p = 0; p < Wn; ++p) {
-    if (p == static_cast<std::size_t>(w)) continue;
-    pos = p * block;
-    for (std::size_t k = 0; k < K; ++k) {
-      const std::size_t n = counts[p * K + k] * bytes;
-      if (n != 0) std::memcpy(static_cast<unsigned char*>(j.leaves[k]) + at[p * K + k], recv.get() + pos, n);
-      pos += n;
-    }
-  }
+  unpack(recv.get());
 }
 
 void group::impl::gather_counts(job& j) {
@@ -408,47 +453,39 @@ void group::impl::agree(job& j, bool carried, bool keyed) {
       key = agreement_key(static_cast<std::uint64_t>(key), detail::shape_hash(j.sizes, n), j.num_sizes);
     }
   }
-  // The elements of a carried reduction, then zeros: every worker's slot holds the same bytes
-  // where unused.
+  // The elements of a carried reduction (a counts job: this worker's words in its block), then
+  // zeros: every worker's slot holds the same bytes where unused.
   agreement_slot own;
   own.key[0] = key;
   own.key[1] = -key;
+  std::memset(own.payload, 0, slot_payload_bytes);
   const std::size_t carried_bytes = carried ? j.count * j.element.bytes : 0;
-  if (carried_bytes != 0) std::memcpy(own.payload, j.data, carried_bytes);
-  std::memset(own.payload + carried_bytes, 0, slot_payload_bytes - carried_bytes);
-  const ReduceOp op = j.op == ReduceOp::mean ? ReduceOp::sum : j.op;
-  log_post(post_agreement, carried ? 1 : 0, carried ? j.element.code() : 0, static_cast<std::int64_t>(op));
-  // On the heap, and kept if the check is given up on (keep_until_exit says why).
-  std::unique_ptr<agreement_slot[]> slots;
-  const agreement_slot* agreed = nullptr;
-  MPI_Request request = MPI_REQUEST_NULL;
-  if (W <= direct_agreement) {
-    slots = std::make_unique<agreement_slot[]>(static_cast<std::size_t>(W));
-    slots[static_cast<std::size_t>(w)] = own;
-    std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
-    const int n = post_exchange(slots.get(), requests.data(), j.what);
-    wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), j.what, slots);
-    // Every worker folds the same slots in the same order: the same bits everywhere.
-    const slot_combiner combine = agreement_combiner(carried, j.element, op);
-    for (int p = 1; p < W; ++p) combine(slots[static_cast<std::size_t>(p)], slots[0]);
-    agreed = &slots[0];
-  } else {
-    slots = std::make_unique<agreement_slot[]>(1);
-    slots[0] = own;
-    check(MPI_Iallreduce(MPI_IN_PLACE, slots.get(), 1, agreement_type(), agreement_op(carried, j.element, op), data,
-                         &request),
-          "MPI_Iallreduce (agreement check)", j.what);
-    wait_keeping(request, j.what, slots);
-    agreed = &slots[0];
+  if (carried && j.kind == job::counts) {
+    const auto* words = static_cast<const std::size_t*>(j.data);
+    for (std::size_t i = 0; i < j.count; ++i) {
+      const auto word = static_cast<std::int64_t>(words[i]);
+      std::memcpy(own.payload + (static_cast<std::size_t>(w) * j.count + i) * sizeof word, &word, sizeof word);
+    }
+  } else if (carried_bytes != 0) {
+    std::memcpy(own.payload, j.data, carried_bytes);
   }
-  if (agreed->key[0] == -agreed->key[1]) {
+  exchange_slot(own, carried, j.element, j.op, j.what);
+  if (own.key[0] == -own.key[1]) {
     if (carried && j.kind == job::scatter) {
-      keep_ranges(j, agreed->payload);
+      keep_ranges(j, own.payload);
+    } else if (carried && j.kind == job::counts) {
+      auto* all = static_cast<std::size_t*>(j.out);
+      for (std::size_t i = 0; i < j.count * static_cast<std::size_t>(W); ++i) {
+        std::int64_t word = 0;
+        std::memcpy(&word, own.payload + i * sizeof word, sizeof word);
+        all[i] = static_cast<std::size_t>(word);
+      }
     } else if (carried_bytes != 0) {
-      std::memcpy(j.data, agreed->payload, carried_bytes);
+      std::memcpy(j.data, own.payload, carried_bytes);
     }
     return;
   }
+  MPI_Request request = MPI_REQUEST_NULL;
   // Mine, then every worker's.
   constexpr std::size_t D = description_words;
   auto gathered = std::make_unique<std::int64_t[]>(D + D * static_cast<std::size_t>(W));

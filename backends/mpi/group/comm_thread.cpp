@@ -208,7 +208,7 @@ void group::impl::wait(std::span<MPI_Request> requests, const char* what) {
     // transfer that long is bandwidth-bound; a late worker needs the cores), and after a
     // second (a straggler, not a slow transfer) 100 us sleeps, so waiting burns no core.
     if (now - start < std::chrono::seconds(1)) {
-      if (now - start >= unyielding_wait) std::this_thread::yield();
+      if (oversubscribed || now - start >= unyielding_wait) std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }

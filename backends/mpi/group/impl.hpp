@@ -319,7 +319,8 @@ struct group::impl {
   bool in_worker_order(detail::element_kind kind) const noexcept {
     return worker_order && kind.is_floating();
   }
-  unsigned cores = 1;  // this worker's share of its host's cores
+  unsigned cores = 1;  // this worker's share of its host's cores (at least 1)
+  bool oversubscribed = false;  // that share is below one core: more workers than cores on the host
   std::chrono::milliseconds timeout;
   bool validate = true;
   // After a collective the thread spins (yielding) this long for the next job before parking
@@ -335,7 +336,11 @@ struct group::impl {
   // How long a wait polls MPI_Test without yielding (see wait()). 2 workers x 1 replica,
   // medians of 8 alternated pairs against the yield every 8 tests: 4 B 19.5 -> 11.4-12.2 us
   // per call (shape check on), 64 KiB 1.71-2.12x -> 1.29-1.31x raw MPI, 1 MiB 1.00-1.07x ->
-  // 0.93-0.94x; 3 workers on 2 cores: no change beyond the noise.
+  // 0.93-0.94x. Not where the host has fewer cores than workers (`oversubscribed`): there the
+  // peer a worker waits for may be waiting for its core, and a wait yields from the start, as
+  // Open MPI's own progress loop does then (mpi_yield_when_idle). 3 workers x 1 replica on 2
+  // cores, alternated with raw MPI, one run before and three after: 4 KiB 3.77x -> 2.53-2.95x,
+  // 64 KiB 1.40x -> 1.19-1.50x; 12 B 3.6-5.7x either way (the scheduler's, mostly).
   static constexpr std::chrono::milliseconds unyielding_wait{1};
   // Both spins above yield: the cheapest hand-off while nothing but this worker's threads wants
   // the core. When another process is runnable on it, though, a yield hands that process a
@@ -568,6 +573,7 @@ struct group::impl {
   /// worker_group::all_gather: one MPI_Iallgather of blocks of the largest worker's bytes
   /// (a worker that never posted it can post its match from that one number), in place when
   /// there is one leaf and every worker's block has that size; otherwise packed and unpacked.
+  /// Blocks that fit an agreement slot together travel in one (exchange_slot).
   void gather(job& j);
 
   /// worker_group::all_gather_counts: one MPI_Iallgather of `count` words per worker.
@@ -611,6 +617,11 @@ struct group::impl {
   int direct_agreement = direct_agreement_default;
   static constexpr int tag_agreement = 1;  // on `data`: MPI keeps collectives' messages apart from these
 
+  /// The agreement check's exchange: every worker's `slot` (keys and payload filled in) combined
+  /// as agreement_combiner(carried, kind, op) says, into `slot`, the same bits on every worker:
+  /// one round of messages up to `direct_agreement` workers, else MPI_Iallreduce.
+  void exchange_slot(agreement_slot& slot, bool carried, detail::element_kind kind, ReduceOp op, const char* what);
+
   /// Posts the messages of one direct agreement check: worker p's slot into rows[p] for each
   /// other p, and rows[w] to every other worker. Returns how many requests it wrote
   /// (2 (W - 1)).
@@ -619,7 +630,8 @@ struct group::impl {
   /// Whether job `j`'s agreement check carries its data: an all-reduce, or a reduce-scatter
   /// (an all-reduce of which the worker keeps its ranges), of at most slot_payload_bytes, of a
   /// kind MPI has, unless it must fold in worker order and the check does not (MPI_Iallreduce,
-  /// over more than two workers). Every worker decides alike where the checks agree: the key
+  /// over more than two workers); or an all-gather of counts whose W blocks fit (a sum of blocks,
+  /// each zero but on its owner). Every worker decides alike where the checks agree: the key
   /// covers all of it.
   bool carries(const job& j) const noexcept;
 
