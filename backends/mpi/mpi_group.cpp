@@ -191,16 +191,13 @@ group::group(const group_options& o) : impl_(new impl()) {
     keep_until_exit(both);  // the request is still posted
     throw;
   }
-  if (both[0] == -both[1] && both[3] != -both[4]) {
+  // A setting that differs between workers: every worker throws, after freeing what it made.
+  const auto refuse = [&m](const detail::message& why) {
     m.ring_algorithm.close();
     MPI_Comm_free(&m.data);
     MPI_Comm_free(&m.control);
-    throw std::invalid_argument(detail::format("mirror::devices::Cluster: MIRROR_MPI_DIRECT_AGREEMENT differs between "
-                                               "the workers (from %d to %d; here %d); set it alike on every worker, or "
-                                               "on none",
-                                               -both[4], both[3], m.direct_agreement)
-                                    .c_str());
-  }
+    throw std::invalid_argument(why.c_str());
+  };
   if (both[0] != -both[1]) {
     std::vector<int> all(static_cast<std::size_t>(m.W));
     check(MPI_Allgather(&m.R, 1, MPI_INT, all.data(), 1, MPI_INT, m.data), "MPI_Allgather (replica count check)");
@@ -208,14 +205,15 @@ group::group(const group_options& o) : impl_(new impl()) {
     for (int p = 0; p < m.W; ++p) {
       text += detail::format("%sworker %d has %d", p == 0 ? "" : ", ", p, all[static_cast<std::size_t>(p)]).c_str();
     }
-    m.ring_algorithm.close();
-    MPI_Comm_free(&m.data);
-    MPI_Comm_free(&m.control);
-    throw std::invalid_argument(detail::format("mirror::devices::Cluster: the workers have different numbers of local "
-                                               "replicas (%s); every worker must use the same local device settings "
-                                               "(TF: \"every worker to have the same number of replicas\")",
-                                               text.c_str())
-                                    .c_str());
+    refuse(detail::format("mirror::devices::Cluster: the workers have different numbers of local replicas (%s); every "
+                          "worker must use the same local device settings (TF: \"every worker to have the same number "
+                          "of replicas\")",
+                          text.c_str()));
+  }
+  if (both[3] != -both[4]) {
+    refuse(detail::format("mirror::devices::Cluster: MIRROR_MPI_DIRECT_AGREEMENT differs between the workers (from %d "
+                          "to %d; here %d); set it alike on every worker, or on none",
+                          -both[4], both[3], m.direct_agreement));
   }
   // Every worker is here (the check above completed): the blocking calls cannot hang.
   const double share = share_of_host_cores(m.data);

@@ -226,6 +226,22 @@ TEMPLATE_TEST_CASE("cluster: small reductions in the agreement check's message e
   }
 }
 
+TEST_CASE("cluster: local replica counts that differ across workers are an invalid_argument naming each worker's",
+          "[mpi][mismatch]") {
+  const int W = world_size(), w = world_rank();
+  drop_shared_strategy();
+  try {
+    Strategy s{Cluster{.local = {.replicas = w == 0 ? 1 : 2}, .timeout = std::chrono::seconds(30)}};
+    FAIL("no error");
+  } catch (const std::invalid_argument& e) {
+    std::string workers = "worker 0 has 1";
+    for (int p = 1; p < W; ++p) workers += ", worker " + std::to_string(p) + " has 2";
+    CHECK_THAT(std::string(e.what()), Catch::Contains("different numbers of local replicas (" + workers + ")"));
+  }
+  Strategy& s = strategy_with(1);  // the communicators were freed: a later strategy works
+  CHECK(s.reduce(ReduceOp::sum, s.run([](auto&) { return 1; })) == W);
+}
+
 TEST_CASE("cluster: MIRROR_MPI_DIRECT_AGREEMENT out of range, or unequal across workers, is an invalid_argument",
           "[mpi][mismatch]") {
   const int w = world_rank();
