@@ -295,10 +295,11 @@ struct Hierarchical {
   /// leaf k (`counts[g*K + k]` elements, equal on every replica of every worker).
   ///
   /// Hierarchical, as the all-reduce: each local replica copies its leaves into replica 0's
-  /// output at its global offsets, replica 0 has the communication thread exchange the workers'
-  /// blocks (`worker_group::all_gather`: one MPI_Iallgather, in place for one leaf of equal
-  /// blocks), and the other local replicas copy the whole result from replica 0. One MPI
-  /// collective per worker instead of one per replica, and no order to keep: only copies.
+  /// output at its global offsets (with one local replica the group makes that copy while the
+  /// blocks travel), replica 0 has the group exchange the workers' blocks
+  /// (`worker_group::all_gather`: one round of messages or one MPI_Iallgather), and the other
+  /// local replicas copy the whole result from replica 0. One exchange per worker instead of one
+  /// per replica, and no order to keep: only copies.
   template <class Rt, class E>
   void all_gather(backend::collective<Rt>& c, const backend::const_segment_list<Rt, E>& in,
                   std::span<const std::size_t> counts, const backend::segment_list<Rt, E>& out) const {
@@ -322,7 +323,11 @@ struct Hierarchical {
     }
     // (Kept: the exchange's result is valid only until this replica's next barrier.)
     const auto* const first_leaves = c.exchange(post{out.leaves.data()})[0].leaves;
-    for (std::size_t k = 0; k < K; ++k) {
+    // With one local replica its leaves are the worker's block: the group copies them into the
+    // output while the other workers' blocks travel, and sends them from the input (MPI reading
+    // an output this thread has just written is slower).
+    const bool group_copies = R == 1 && W > 1;
+    for (std::size_t k = 0; k < K && !group_copies; ++k) {
       std::size_t at = 0;
       for (std::size_t q = 0; q < global; ++q) at += counts[q * K + k];
       rt.copy(self, first_leaves[k] + at, in.leaves[k], counts[global * K + k]);
@@ -334,9 +339,12 @@ struct Hierarchical {
         for (std::size_t k = 0; k < K; ++k) per_worker[q / static_cast<std::size_t>(R) * K + k] += counts[q * K + k];
       }
       std::vector<void*> leaves(out.leaves.begin(), out.leaves.end());
+      std::vector<const void*> own;
+      if (group_copies) own.assign(in.leaves.begin(), in.leaves.end());
       c.for_all_replicas([&] {
         g.all_gather(leaves.data(), K, per_worker.data(), sizeof(E),
-                     "mirror::ReplicaContext::all_gather (cross-worker step)", true);
+                     "mirror::ReplicaContext::all_gather (cross-worker step)", true,
+                     group_copies ? own.data() : nullptr);
       });
     }
     if (R == 1) return;

@@ -9,9 +9,11 @@
 
 namespace mirror::ops {
 
-/// One in-place `MPI_Iallreduce` of a worker's staging buffer across workers, posted by the
-/// worker's communication thread in program order and polled with `MPI_Test` (so a timeout or a
-/// failure elsewhere can end it). `sum` (and `mean`'s sum), `min`, `max`, `prod` map to
+/// One in-place `MPI_Iallreduce` of a worker's staging buffer across workers, posted in program
+/// order (by the calling thread, or by the worker's communication thread when something started
+/// earlier is queued) and polled with `MPI_Test`, so a timeout or a failure elsewhere can end it.
+/// Up to 112 bytes travel in the agreement check's own message instead
+/// (docs/multi-worker.md\#small-messages). `sum` (and `mean`'s sum), `min`, `max`, `prod` map to
 /// `MPI_SUM`, `MPI_MIN`, `MPI_MAX`, `MPI_PROD`.
 ///
 /// **Determinism**: by default the order across workers is Open MPI's; it is the same run after run

@@ -340,7 +340,7 @@ std::unique_ptr<detail::worker_group::started_collective> group::start_reduce_sc
 }
 
 void group::all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts,
-                       std::size_t element_bytes, const char* what, bool checked) {
+                       std::size_t element_bytes, const char* what, bool checked, const void* const* own) {
   std::size_t total = 0;
   for (std::size_t i = 0; i < num_leaves * static_cast<std::size_t>(impl_->W); ++i) total += counts[i];
   const detail::element_kind kind{detail::element_kind::category::unsigned_integer,
@@ -349,6 +349,7 @@ void group::all_gather(void* const* leaves, std::size_t num_leaves, const std::s
   j.sizes = counts;
   j.num_sizes = num_leaves;
   j.leaves = leaves;
+  j.own = own;
   impl_->run(j);
 }
 

@@ -108,11 +108,13 @@ class worker_group {
 
   /// The cross-worker step of an all-gather: `leaves[k]` is the concatenation over workers p of
   /// p's block of `counts[p * num_leaves + k]` elements of `element_bytes` bytes each; this
-  /// worker's own block is filled in, and every other worker's is copied in. `counts` (W *
-  /// num_leaves) is equal on every worker. `checked`: the counts come from all_gather_counts
-  /// (which checked that the workers agree), so no agreement check of its own.
+  /// worker's own block is filled in (or, where `own` is not null, is at `own[k]`, and the group
+  /// copies it in while the others' blocks travel), and every other worker's is copied in.
+  /// `counts` (W * num_leaves) is equal on every worker. `checked`: the counts come from
+  /// all_gather_counts (which checked that the workers agree), so no agreement check of its own.
   virtual void all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts,
-                          std::size_t element_bytes, const char* what, bool checked) = 0;
+                          std::size_t element_bytes, const char* what, bool checked,
+                          const void* const* own = nullptr) = 0;
 
   /// `all[p * per_worker + i]` becomes worker p's `mine[i]`, on every worker (`per_worker` must
   /// be equal everywhere: a `shape_error` naming the workers otherwise). The per-replica leaf

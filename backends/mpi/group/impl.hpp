@@ -3,7 +3,8 @@
 // Private to libmirror_mpi (not installed): `mirror::mpi::group::impl`, the state of one
 // worker's group and the declarations of its parts, each in its own file:
 //   mpi_group.cpp            the group: construction (collective over the communicator), its
-//                            public collectives (each a job handed to the communication thread)
+//                            public collectives (each a job, run by the caller or handed to the
+//                            communication thread)
 //   group/comm_thread.cpp    the communication thread: the hand-off (or the caller running its
 //                            job itself), polling a posted collective, the control communicator
 //                            (who-has-arrived queries, notices), timeouts
@@ -72,10 +73,11 @@ enum notice_kind : std::int64_t { notice_failure = 0, notice_timeout = 1, notice
 // the root. Sent as posted_words int64.
 // post_allgather_words: `count` int64 per worker; post_alltoall: blocks of `count` elements;
 // post_allgather_bytes: blocks of `count` bytes, `op` 1 when in place; post_agreement: one
-// agreement_slot, `count` 1 when it carried data (of `element` under `op`).
+// agreement_slot, `count` 1 when it carried data (of `element` under `op`); post_gather_messages:
+// blocks of `count` bytes, one message to and from every other worker (tag_gather).
 enum post_kind : std::int64_t { post_allreduce = 0, post_bcast = 1, post_allgather_words = 2, post_alltoallv = 3,
                                 post_allgatherv = 4, post_alltoall = 5, post_allgather_bytes = 6,
-                                post_agreement = 7 };
+                                post_agreement = 7, post_gather_messages = 8 };
 struct posted_op {
   std::int64_t seq = 0;      // its number among this worker's posts (impl::sequence)
   std::int64_t kind = 0;     // post_kind
@@ -267,6 +269,7 @@ struct group::impl {
     std::size_t num_sizes = 0;
     void* out = nullptr;
     void* const* leaves = nullptr;
+    const void* const* own = nullptr;  // gather: this worker's part of each leaf, where not in place
     clock::rep done_at = 0;          // when the thread finished it (written before `done`)
     std::atomic<bool> done{false};  // set (under mutex) after everything else the thread writes
   };
@@ -437,9 +440,9 @@ struct group::impl {
       t_initialised = false;
     }
   };
-  libnbc_algorithm ring_algorithm;  // used by the communication thread only (after construction)
+  libnbc_algorithm ring_algorithm;  // used under `driver` only (after construction)
 
-  // Communication-thread state.
+  // State of whoever holds `driver` (the communication thread, or a caller in drive()).
   std::int64_t sequence = 0;  // collectives entered so far (the last one's number)
   struct pending_send {
     std::vector<char> bytes;
@@ -476,8 +479,8 @@ struct group::impl {
     std::vector<int> missing;  // failed_timeout: the global replicas that did not arrive
   };
   failure_info failure;  // the latest failed run (guarded by mutex)
-  std::atomic<std::int64_t> local_failed_phase{-1};  // report_failure's news for this thread
-  // Communication-thread state of the recovery.
+  std::atomic<std::int64_t> local_failed_phase{-1};  // report_failure's news for the driver
+  // The recovery's state (held under `driver`).
   std::int64_t job_phase = 0;  // the phase of the job being executed (or of the last one)
   // The last failed phase recovered from. Atomic only because the idle thread's wake-up test
   // reads it without holding `driver`.
@@ -519,7 +522,7 @@ struct group::impl {
 
   static int on_finalize(MPI_Comm, int, void* attribute, void*);
 
-  // ---------------- communication thread ----------------
+  // ---------------- under `driver`: the communication thread's loop, and every job ----------------
   void main_loop();
 
   void mark_broken_mpi(const std::exception_ptr& e);
@@ -534,7 +537,7 @@ struct group::impl {
   const char* where_what = "";
   detail::collective_position where_position{};
   std::string where_text() const { return where_of(where_what, where_position); }
-  detail::trace_track* trace = nullptr;  // the timeline's track of this thread (set under mutex), or null
+  detail::trace_track* trace = nullptr;  // the timeline's track of the worker's MPI calls (set under mutex), or null
 
   void execute(job& j);
 
@@ -573,7 +576,8 @@ struct group::impl {
   /// worker_group::all_gather: one MPI_Iallgather of blocks of the largest worker's bytes
   /// (a worker that never posted it can post its match from that one number), in place when
   /// there is one leaf and every worker's block has that size; otherwise packed and unpacked.
-  /// Blocks that fit an agreement slot together travel in one (exchange_slot).
+  /// Blocks that fit an agreement slot together travel in one (exchange_slot); one leaf of equal
+  /// blocks among at most `direct_agreement` workers goes as messages (post_blocks).
   void gather(job& j);
 
   /// worker_group::all_gather_counts: one MPI_Iallgather of `count` words per worker.
@@ -616,6 +620,12 @@ struct group::impl {
   static constexpr int direct_agreement_max = 64;
   int direct_agreement = direct_agreement_default;
   static constexpr int tag_agreement = 1;  // on `data`: MPI keeps collectives' messages apart from these
+  static constexpr int tag_gather = 2;     // an all-gather's blocks (post_blocks from gather())
+
+  /// Posts one round of messages: `mine` (`block` bytes) to every other worker, and worker p's
+  /// into `rows + p * block` for each other p, on `tag`. Returns how many requests it wrote
+  /// (2 (W - 1)).
+  int post_blocks(void* rows, const void* mine, std::size_t block, int tag, MPI_Request* requests, const char* what);
 
   /// The agreement check's exchange: every worker's `slot` (keys and payload filled in) combined
   /// as agreement_combiner(carried, kind, op) says, into `slot`, the same bits on every worker:
@@ -647,8 +657,8 @@ struct group::impl {
 
   /// After a failed agreement check: moves this worker's phase to where the others' will be once
   /// every worker's current call has ended (a run ends on an even phase), so that phases keep
-  /// naming the same runs on every worker. Runs on the communication thread while the caller
-  /// waits for this job, so nothing else advances the phase meanwhile.
+  /// naming the same runs on every worker. Runs while the caller waits for this job (or makes it
+  /// itself), so nothing else advances the phase meanwhile.
   void resync_phase(const std::int64_t* all);
 
   /// wait(), and when it gives up, `buffer` (the request's) is kept alive for the rest of the

@@ -143,6 +143,11 @@ void group::impl::post_dummy(const posted_op& o, dummy& d) {
       check(MPI_Iallreduce(MPI_IN_PLACE, rows, 1, agreement_type(), op, data, &d.request), "MPI_Iallreduce", what);
       return;
     }
+    case post_gather_messages:
+      d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, static_cast<std::size_t>(W) * n));
+      d.messages.resize(2 * static_cast<std::size_t>(W - 1));
+      post_blocks(d.buffer.get(), d.buffer.get() + static_cast<std::size_t>(w) * n, n, tag_gather, d.messages.data(), what);
+      return;
     case post_bcast:
       d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, n));
       check(MPI_Ibcast(d.buffer.get(), static_cast<int>(n), MPI_BYTE, static_cast<int>(o.op), data, &d.request),
