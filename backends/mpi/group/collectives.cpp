@@ -397,9 +397,8 @@ void group::impl::gather(job& j) {
   const bool equal = std::all_of(per.begin(), per.end(), [&](std::size_t c) { return c == block; });
   // One leaf of equal blocks among few workers: each worker's block straight from where it is
   // to every other worker, one round of messages, while this worker copies its own into place.
-  // MPI then reads the replica's input, not an output just written by that copy (a raw program,
-  // 2 ranks, 1 MiB: 49 us against 75 us for a copy, then MPI_Iallgather in place; libnbc's
-  // MPI_Iallgather from the input: 88 us).
+  // MPI then reads the replica's input, not an output the other core has just written, which
+  // is slower to read (and libnbc's MPI_Iallgather from the input copies it first itself).
   if (K == 1 && equal && W <= direct_agreement) {
     log_post(post_gather_messages, block, 0, 0);
     std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;

@@ -341,9 +341,7 @@ struct group::impl {
   // per call (shape check on), 64 KiB 1.71-2.12x -> 1.29-1.31x raw MPI, 1 MiB 1.00-1.07x ->
   // 0.93-0.94x. Not where the host has fewer cores than workers (`oversubscribed`): there the
   // peer a worker waits for may be waiting for its core, and a wait yields from the start, as
-  // Open MPI's own progress loop does then (mpi_yield_when_idle). 3 workers x 1 replica on 2
-  // cores, alternated with raw MPI, one run before and three after: 4 KiB 3.77x -> 2.53-2.95x,
-  // 64 KiB 1.40x -> 1.19-1.50x; 12 B 3.6-5.7x either way (the scheduler's, mostly).
+  // Open MPI's own progress loop does then (mpi_yield_when_idle).
   static constexpr std::chrono::milliseconds unyielding_wait{1};
   // Both spins above yield: the cheapest hand-off while nothing but this worker's threads wants
   // the core. When another process is runnable on it, though, a yield hands that process a
@@ -613,7 +611,7 @@ struct group::impl {
 
   // Up to this many workers an agreement check is one round of messages, each worker's slot to
   // every other, folded by each in worker order: the same bits everywhere, and no libnbc
-  // schedule to build (2 workers: 0.4 us against MPI_Iallreduce's 1.1 us). More workers use
+  // schedule to build per call (a third of the time for 2 workers). More workers use
   // MPI_Iallreduce of the slot, whose messages grow as log W, not W. MIRROR_MPI_DIRECT_AGREEMENT
   // (equal on every worker; checked at construction) moves the limit.
   static constexpr int direct_agreement_default = 8;
