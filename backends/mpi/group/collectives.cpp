@@ -282,25 +282,26 @@ void group::impl::exchange_slot(agreement_slot& slot, bool carried, detail::elem
   op = op == ReduceOp::mean ? ReduceOp::sum : op;
   log_post(post_agreement, carried ? 1 : 0, carried ? kind.code() : 0, static_cast<std::int64_t>(op));
   // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
-  std::unique_ptr<agreement_slot[]> slots;
-  if (W <= direct_agreement) {
-    slots = std::make_unique<agreement_slot[]>(static_cast<std::size_t>(W));
-    slots[static_cast<std::size_t>(w)] = slot;
-    std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
-    const int n = post_exchange(slots.get(), requests.data(), what);
-    wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), what, slots);
-    // Every worker folds the same slots in the same order: the same bits everywhere.
-    const slot_combiner combine = agreement_combiner(carried, kind, op);
-    for (int p = 1; p < W; ++p) combine(slots[static_cast<std::size_t>(p)], slots[0]);
-  } else {
-    slots = std::make_unique<agreement_slot[]>(1);
-    slots[0] = slot;
-    MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Iallreduce(MPI_IN_PLACE, slots.get(), 1, agreement_type(), agreement_op(carried, kind, op), data, &request),
-          "MPI_Iallreduce (agreement check)", what);
-    wait_keeping(request, what, slots);
-  }
+  const std::size_t n_slots = slots_per_exchange();
+  auto slots = std::make_unique<agreement_slot[]>(n_slots);
+  slots[n_slots == 1 ? 0 : static_cast<std::size_t>(w)] = slot;
+  std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
+  const int n = post_slots(slots.get(), carried, kind, op, requests.data(), what);
+  wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), what, slots);
+  // Direct: every worker folds the same slots in the same order, the same bits everywhere.
+  const slot_combiner combine = agreement_combiner(carried, kind, op);
+  for (std::size_t p = 1; p < n_slots; ++p) combine(slots[p], slots[0]);
   slot = slots[0];
+}
+
+int group::impl::post_slots(agreement_slot* rows, bool carried, detail::element_kind kind, ReduceOp op,
+                            MPI_Request* requests, const char* what) {
+  if (W <= direct_agreement) {
+    return post_blocks(rows, &rows[w], sizeof(agreement_slot), tag_agreement, requests, what);
+  }
+  check(MPI_Iallreduce(MPI_IN_PLACE, rows, 1, agreement_type(), agreement_op(carried, kind, op), data, &requests[0]),
+        "MPI_Iallreduce (agreement check)", what);
+  return 1;
 }
 
 bool group::impl::carries(const job& j) const noexcept {
@@ -326,10 +327,6 @@ int group::impl::post_blocks(void* rows, const void* mine, std::size_t block, in
     check(MPI_Isend(mine, static_cast<int>(block), MPI_BYTE, p, tag, data, &requests[n++]), "MPI_Isend", what);
   }
   return n;
-}
-
-int group::impl::post_exchange(agreement_slot* rows, MPI_Request* requests, const char* what) {
-  return post_blocks(rows, &rows[w], sizeof(agreement_slot), tag_agreement, requests, what);
 }
 
 void group::impl::gather(job& j) {

@@ -630,10 +630,17 @@ struct group::impl {
   /// one round of messages up to `direct_agreement` workers, else MPI_Iallreduce.
   void exchange_slot(agreement_slot& slot, bool carried, detail::element_kind kind, ReduceOp op, const char* what);
 
-  /// Posts the messages of one direct agreement check: worker p's slot into rows[p] for each
-  /// other p, and rows[w] to every other worker. Returns how many requests it wrote
-  /// (2 (W - 1)).
-  int post_exchange(agreement_slot* rows, MPI_Request* requests, const char* what);
+  /// How many slots one agreement exchange needs: one per worker where it is direct messages
+  /// (this worker's at [w]), else the one MPI_Iallreduce combines in place.
+  std::size_t slots_per_exchange() const noexcept {
+    return W <= direct_agreement ? static_cast<std::size_t>(W) : 1;
+  }
+  /// Posts one agreement exchange of `rows` (slots_per_exchange() slots, combined as
+  /// agreement_combiner(carried, kind, op) says): worker p's slot into rows[p] and rows[w] to
+  /// every other worker, or MPI_Iallreduce of rows[0]. Returns how many requests it wrote (at most
+  /// 2 (W - 1)). exchange_slot and the recovery's stand-ins post through it, so both match.
+  int post_slots(agreement_slot* rows, bool carried, detail::element_kind kind, ReduceOp op, MPI_Request* requests,
+                 const char* what);
 
   /// Whether job `j`'s agreement check carries its data: an all-reduce, or a reduce-scatter
   /// (an all-reduce of which the worker keeps its ranges), of at most slot_payload_bytes, of a
@@ -748,7 +755,7 @@ struct group::impl {
   // A dummy's request and what must outlive it.
   struct dummy {
     MPI_Request request = MPI_REQUEST_NULL;
-    std::vector<MPI_Request> messages;  // post_agreement between few workers: its messages
+    std::vector<MPI_Request> requests;  // a post of its own requests (post_slots, post_blocks)
     std::unique_ptr<unsigned char[]> buffer, rows;
     std::vector<int> counts, displs, from, at;
   };

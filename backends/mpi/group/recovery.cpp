@@ -130,23 +130,19 @@ void group::impl::post_dummy(const posted_op& o, dummy& d) {
     }
     case post_agreement: {
       // Slots of zero keys: they match the check, which fails on the workers that made it.
-      const std::size_t slots = W <= direct_agreement ? static_cast<std::size_t>(W) : 1;
+      const std::size_t slots = slots_per_exchange();
       d.buffer = std::make_unique<unsigned char[]>(slots * sizeof(agreement_slot));
       std::memset(d.buffer.get(), 0, slots * sizeof(agreement_slot));
-      auto* rows = reinterpret_cast<agreement_slot*>(d.buffer.get());
-      if (W <= direct_agreement) {
-        d.messages.resize(2 * static_cast<std::size_t>(W - 1));
-        post_exchange(rows, d.messages.data(), what);
-        return;
-      }
-      const MPI_Op op = agreement_op(o.count != 0, k, static_cast<ReduceOp>(o.op));
-      check(MPI_Iallreduce(MPI_IN_PLACE, rows, 1, agreement_type(), op, data, &d.request), "MPI_Iallreduce", what);
+      d.requests.resize(std::max(1, 2 * (W - 1)));
+      d.requests.resize(static_cast<std::size_t>(post_slots(reinterpret_cast<agreement_slot*>(d.buffer.get()),
+                                                            o.count != 0, k, static_cast<ReduceOp>(o.op),
+                                                            d.requests.data(), what)));
       return;
     }
     case post_gather_messages:
       d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, static_cast<std::size_t>(W) * n));
-      d.messages.resize(2 * static_cast<std::size_t>(W - 1));
-      post_blocks(d.buffer.get(), d.buffer.get() + static_cast<std::size_t>(w) * n, n, tag_gather, d.messages.data(), what);
+      d.requests.resize(2 * static_cast<std::size_t>(W - 1));
+      post_blocks(d.buffer.get(), d.buffer.get() + static_cast<std::size_t>(w) * n, n, tag_gather, d.requests.data(), what);
       return;
     case post_bcast:
       d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, n));
@@ -277,8 +273,8 @@ void group::impl::recover(std::int64_t failed, std::span<MPI_Request> interrupte
       int done = 1;
       if (d.request != MPI_REQUEST_NULL) check(MPI_Test(&d.request, &done, MPI_STATUS_IGNORE), "MPI_Test (recovery)");
       all_done = all_done && done;
-      if (d.messages.empty()) continue;
-      check(MPI_Testall(static_cast<int>(d.messages.size()), d.messages.data(), &done, MPI_STATUSES_IGNORE),
+      if (d.requests.empty()) continue;
+      check(MPI_Testall(static_cast<int>(d.requests.size()), d.requests.data(), &done, MPI_STATUSES_IGNORE),
             "MPI_Testall (recovery)");
       all_done = all_done && done;
     }
@@ -335,7 +331,7 @@ void group::impl::give_up(std::int64_t failed, clock::time_point start, const ch
   if (dummies != nullptr) {
     for (dummy& d : *dummies) {
       if (d.request != MPI_REQUEST_NULL) abandoned.push_back(d.request);
-      for (const MPI_Request r : d.messages) {
+      for (const MPI_Request r : d.requests) {
         if (r != MPI_REQUEST_NULL) abandoned.push_back(r);
       }
       keep_until_exit(d.buffer);
