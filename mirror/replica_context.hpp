@@ -112,15 +112,17 @@ class ReplicaContext {
     const recorded in_recorder(*this);
     using G = detail::gathered_t<N>;
     constexpr std::size_t K = detail::leaf_count<N>();
-    std::array<std::size_t, K> counts{}, widths{};
+    std::array<std::size_t, K> counts{}, widths{}, kinds{};
     std::size_t k = 0;
     detail::for_each_leaf(
         [&](const auto& l) {
           counts[k] = detail::elements_of(l).size();
+          kinds[k] = detail::element_kind_of<leaf_element_t<decltype(l)>>().code();
           widths[k++] = detail::row_width(l);
         },
         value);
-    const std::vector<std::size_t>& all = gather_counts<N>(counts, widths, detail::any_size, where, bytes_of(value));
+    const std::vector<std::size_t>& all =
+        gather_counts<N>(counts, widths, kinds, detail::any_size, where, bytes_of(value));
     G result{};
     k = 0;
     detail::for_each_leaf([&](auto& out) { detail::size_gathered(out, total_of(all, K, k), widths[k]); ++k; }, result);
@@ -147,9 +149,9 @@ class ReplicaContext {
                   mirror::source_location where = mirror::source_location::current()) {
     require_reachable_leaves<std::span<E>>();
     const recorded in_recorder(*this);
-    const std::array<std::size_t, 1> counts{in.size()}, widths{1};
+    const std::array<std::size_t, 1> counts{in.size()}, widths{1}, kinds{detail::element_kind_of<E>().code()};
     const std::vector<std::size_t>& all =
-        gather_counts<std::span<E>>(counts, widths, out.size(), where, in.size_bytes());
+        gather_counts<std::span<E>>(counts, widths, kinds, out.size(), where, in.size_bytes());
     const std::array<std::span<const E>, 1> ins{in};
     const std::array<std::span<E>, 1> outs{out};
     collectives_.template all_gather_leaves<E>(self_, ins, all, outs, nullptr);
@@ -784,17 +786,19 @@ class ReplicaContext {
   }
 
   /// all_gather's first step: every replica's leaf lengths, in replica order (N*K, global on a
-  /// multi-worker strategy), after checking that the replicas agree on the nest and the widths
-  /// and that a span form's `out_size` is the total (any_size: no span form).
+  /// multi-worker strategy), after checking that the replicas agree on the nest, the widths and
+  /// the element kinds (`element_kind::code()`), and that a span form's `out_size` is the total
+  /// (any_size: no span form).
   template <class N, std::size_t K>
   const std::vector<std::size_t>& gather_counts(const std::array<std::size_t, K>& counts,
-                                                const std::array<std::size_t, K>& widths, std::size_t out_size,
+                                                const std::array<std::size_t, K>& widths,
+                                                const std::array<std::size_t, K>& kinds, std::size_t out_size,
                                                 const mirror::source_location& where, std::uint64_t bytes) {
     std::array<std::size_t, K> shape{};
     shape.fill(detail::any_size);  // the lengths may differ: they are checked below, not hashed
     const detail::collective_header header =
         make_header<N>(detail::collective_kind::all_gather, 0, shape, where, 0, bytes);
-    collectives_.gather_counts(self_, header, counts.data(), widths.data(), K, out_size, counts_);
+    collectives_.gather_counts(self_, header, counts.data(), widths.data(), kinds.data(), K, out_size, counts_);
     return counts_;
   }
 

@@ -312,15 +312,8 @@ struct Hierarchical {
     struct post {
       const typename backend::segment_list<Rt, E>::pointer* leaves;  // replica 0's output leaves
     };
-    // The lengths were gathered and checked; the element type was not, across workers (a float
-    // leaf on one and a double on another would exchange blocks of different bytes). Checked
-    // before anything is copied: the other replicas wait in the exchange below meanwhile.
-    if (self == 0 && W > 1) {
-      c.for_all_replicas([&] {
-        g.check_all_reduce(out.total, detail::element_kind_of<E>(), ReduceOp::sum,
-                           "mirror::ReplicaContext::all_gather (the element types across workers)");
-      });
-    }
+    // The lengths, widths and element kinds were gathered and checked across workers with the
+    // counts (ReplicaContext::all_gather's first step): nothing left to agree on.
     // (Kept: the exchange's result is valid only until this replica's next barrier.)
     const auto* const first_leaves = c.exchange(post{out.leaves.data()})[0].leaves;
     // With one local replica its leaves are the worker's block: the group copies them into the

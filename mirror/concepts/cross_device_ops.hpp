@@ -30,7 +30,8 @@
 ///   cut of `in` (in place). First synchronisation `c.exchange(...)`, as for `all_reduce`.
 /// - `void all_gather(backend::collective<Rt>& c, const backend::const_segment_list<Rt, E>& in,
 ///   std::span<const std::size_t> counts, const backend::segment_list<Rt, E>& out) const`:
-///   `counts[g * K + k]` is replica g's length of leaf k (K leaves; the same on every replica);
+///   `counts[g * K + k]` is replica g's length of leaf k (K leaves; the same on every replica,
+///   which, like the element type, the caller has checked across workers);
 ///   `out.leaves[k]` receives every replica's leaf k in replica order. `in` may be this replica's
 ///   own part of `out` (in place).
 /// (`out` may alias `in`, so `reduce_scatter`'s `in` is not read-only; `all_gather`'s is.)

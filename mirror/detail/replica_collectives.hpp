@@ -216,27 +216,34 @@ class replica_collectives {
   }
 
   /// all_gather's first step (ReplicaContext::gather_counts): every replica's `leaves` lengths
-  /// into `all` (replica-major), the agreement check, and the checks of the widths and of the
-  /// span form's out size, which every replica makes alike: all throw the same shape_error.
+  /// into `all` (replica-major), the agreement check, and the checks of the widths, the element
+  /// kinds and the span form's out size, which every replica makes alike: all throw the same
+  /// shape_error.
   void gather_counts(int self, const collective_header& header, const std::size_t* counts,
-                     const std::size_t* widths, std::size_t leaves, std::size_t out_size, std::vector<std::size_t>& all) {
+                     const std::size_t* widths, const std::size_t* kinds, std::size_t leaves, std::size_t out_size,
+                     std::vector<std::size_t>& all) {
     struct post {
       const std::size_t* counts;
       const std::size_t* widths;
+      const std::size_t* kinds;
       std::size_t out_size;
     };
     backend::collective<Rt> c(rt_, self, &header);
-    const auto posts = c.exchange(post{counts, widths, out_size});
-    // Per replica: its lengths, its widths, its out size; every replica (of every worker)
-    // checks the same table, so all throw the same shape_error or none does.
-    const std::size_t words = 2 * leaves + 1;
+    const auto posts = c.exchange(post{counts, widths, kinds, out_size});
+    // Per replica: its lengths, its widths, its element kinds, its out size; every replica (of
+    // every worker) checks the same table, so all throw the same shape_error or none does. The
+    // kinds can differ only between workers (one worker's replicas run one nest type), where
+    // blocks of another element type would be taken for this one's bytes: the table checks them
+    // there, with no exchange of its own.
+    const std::size_t words = 3 * leaves + 1;
     std::vector<std::size_t> local(posts.size() * words);
     for (std::size_t r = 0; r < posts.size(); ++r) {
       for (std::size_t k = 0; k < leaves; ++k) {
         local[r * words + k] = posts[r].counts[k];
         local[r * words + leaves + k] = posts[r].widths[k];
+        local[r * words + 2 * leaves + k] = posts[r].kinds[k];
       }
-      local[r * words + 2 * leaves] = posts[r].out_size;
+      local[r * words + 3 * leaves] = posts[r].out_size;
     }
     const std::vector<std::size_t>* table = &local;
     [[maybe_unused]] std::vector<std::size_t> global;
@@ -264,6 +271,18 @@ class replica_collectives {
     std::string problem;
     for (std::size_t r = 1; r < n && problem.empty(); ++r) {
       for (std::size_t k = 0; k < leaves; ++k) {
+        if (word(r, 2 * leaves + k) != word(0, 2 * leaves + k)) {
+          const auto name = [](std::size_t code) {
+            const element_kind e = element_kind::from_code(code);
+            return format("%s%d", e.category_name(), 8 * e.bytes);
+          };
+          const std::size_t R = posts.size();
+          problem = format("mirror::ReplicaContext::all_gather: leaf %zu holds %s elements on replica %zu (worker "
+                           "%zu) but %s on replica 0 (worker 0); every worker must gather the same element types",
+                           k, name(word(r, 2 * leaves + k)).c_str(), r, r / R, name(word(0, 2 * leaves + k)).c_str())
+                        .c_str();
+          break;
+        }
         if (word(r, leaves + k) != word(0, leaves + k)) {
           problem = format("mirror::ReplicaContext::all_gather: leaf %zu (%s) has rows of %zu elements on "
                                    "replica %zu but of %zu on replica 0; all_gather concatenates along the first "
@@ -279,7 +298,7 @@ class replica_collectives {
       std::size_t total = 0;
       for (std::size_t r = 0; r < n; ++r) total += word(r, 0);
       for (std::size_t r = 0; r < n; ++r) {
-        const std::size_t out = word(r, 2 * leaves);
+        const std::size_t out = word(r, 3 * leaves);
         if (out != any_size && out != total) {
           problem = format("mirror::ReplicaContext::all_gather(in, out, axis0) on replica %zu: out has %zu "
                                    "elements but the replicas' inputs have %zu in all; pass an out span of %zu",

@@ -544,6 +544,49 @@ TEST_CASE("agreement: gather of leaves whose element type differs across workers
   }
 }
 
+TEST_CASE("agreement: ReplicaContext::all_gather of another element type on one worker is a shape_error naming both",
+          "[mpi][mismatch]") {
+  const int W = world_size(), w = world_rank();
+  if (W < 2) return;
+  for (int R = 1; R <= 2; ++R) {
+    Strategy& s = strategy_with(R);
+    // int32 against float (the same size: the bytes would pass for each other), float against
+    // double (not the same size); the nest form and the span form.
+    for (int pair = 0; pair < 3; ++pair) {
+      CAPTURE(R, pair);
+      const bool odd = w == W - 1;
+      std::vector<std::string> texts(static_cast<std::size_t>(R));
+      CHECK_THROWS_AS(s.run([&](auto& ctx) {
+                        const auto l = static_cast<std::size_t>(ctx.replica_id_in_sync_group() - w * R);
+                        try {
+                          if (pair == 0 && odd) ctx.all_gather(std::vector<std::int32_t>(3, 1), mirror::axis0);
+                          if (pair == 0 && !odd) ctx.all_gather(std::vector<float>(3, 1.f), mirror::axis0);
+                          if (pair == 1 && odd) ctx.all_gather(std::tuple{1, std::vector<float>(2, 1.f)}, mirror::axis0);
+                          if (pair == 1 && !odd) ctx.all_gather(std::tuple{1, std::vector<double>(2, 1.0)}, mirror::axis0);
+                          if (pair == 2) {
+                            std::vector<std::int32_t> in_i(2, 1), out_i(static_cast<std::size_t>(2 * W * R));
+                            std::vector<float> in_f(2, 1.f), out_f(static_cast<std::size_t>(2 * W * R));
+                            if (odd) ctx.all_gather(std::span<const std::int32_t>(in_i), std::span(out_i), mirror::axis0);
+                            if (!odd) ctx.all_gather(std::span<const float>(in_f), std::span(out_f), mirror::axis0);
+                          }
+                        } catch (const mirror::shape_error& e) {
+                          texts[l] = e.what();
+                          throw;
+                        }
+                      }),
+                      mirror::shape_error);
+      CAPTURE(texts[0]);
+      for (const auto& t : texts) CHECK(t == texts[0]);
+      CHECK(same_on_every_worker(texts[0]));
+      const std::string theirs = pair == 0 || pair == 2 ? "int32" : "float32";
+      const std::string ours = pair == 0 || pair == 2 ? "float32" : "float64";
+      CHECK_THAT(texts[0], Catch::Contains("leaf " + std::to_string(pair == 1 ? 1 : 0) + " holds " + theirs));
+      CHECK_THAT(texts[0], Catch::Contains("(worker " + std::to_string(W - 1) + ") but " + ours));
+      check_goes_on(s);
+    }
+  }
+}
+
 TEST_CASE("agreement: every replica of every worker sees the same error type inside fn", "[mpi][mismatch]") {
   const int W = world_size(), w = world_rank();
   for (int R = 2; R <= 3; ++R) {
