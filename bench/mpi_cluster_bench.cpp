@@ -9,7 +9,8 @@
 // --verb: all_reduce (default; against MPI_Allreduce in place), reduce_scatter (each replica's
 // BYTES reduced, its cut kept, in place on a span; against MPI_Reduce_scatter_block of the same
 // BYTES per process) or all_gather (BYTES gathered in all, BYTES / (W*R) from each replica, the
-// span form; against MPI_Allgather). BYTES is rounded down to a multiple of 4*W*R.
+// span form; against MPI_Allgather). all_reduce moves BYTES / 4 floats (at least one); the other
+// verbs round BYTES down to a multiple of 4*W*R (at least that), so every replica has a share.
 // Rank 0 prints Google Benchmark-shaped JSON (impl:cluster / impl:mpi, real_time in ns per
 // call), repetitions of the two alternating, so bench/report.py can read it.
 #include <mirror/mirror.hpp>
@@ -108,7 +109,8 @@ int main(int argc, char** argv) {
     bool first = true;
     for (const std::size_t bytes : sizes) {
       const std::size_t N = static_cast<std::size_t>(size * replicas);
-      const std::size_t n = std::max<std::size_t>(N, bytes / sizeof(float) / N * N);
+      const std::size_t multiple = verb == "all_reduce" ? 1 : N;
+      const std::size_t n = std::max<std::size_t>(multiple, bytes / sizeof(float) / multiple * multiple);
       const std::size_t part = n / N;  // all_gather: each replica's share; reduce_scatter: its cut
       std::vector<std::vector<float>> bufs(static_cast<std::size_t>(replicas), std::vector<float>(n, 1.f));
       std::vector<std::vector<float>> parts(static_cast<std::size_t>(replicas), std::vector<float>(part, 1.f));

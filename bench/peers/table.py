@@ -187,7 +187,8 @@ def main():
                '(bench/mpi_cluster_bench).', '']
         mw_sizes = sorted(b for b in times.get('mirror_mw', {}) if b != 'step')
         lines, _ = table(times, train, 'mirror_mw', mw, ['step'] + mw_sizes,
-                         '1-float all-reduce (mirror: inside `run`; TF: a step, `strategy.run`)')
+                         '1-float all-reduce (mirror: the collective, inside one `run`; MPI, torch: '
+                         'the call; TF: a step, `strategy.run`)')
         md += lines
     if frameworks:
         md += ['', 'Peers: ' + '; '.join(f'{c}: {f}' for c, f in sorted(frameworks.items())) + '.']
