@@ -113,16 +113,20 @@ class ReplicaContext {
     using G = detail::gathered_t<N>;
     constexpr std::size_t K = detail::leaf_count<N>();
     std::array<std::size_t, K> counts{}, widths{}, kinds{};
+    const void* data = nullptr;  // the one leaf's elements (K == 1), which may travel with the counts
+    std::size_t data_bytes = 0;
     std::size_t k = 0;
     detail::for_each_leaf(
         [&](const auto& l) {
-          counts[k] = detail::elements_of(l).size();
+          const auto e = detail::elements_of(l);
+          counts[k] = e.size();
+          if constexpr (K == 1) data = e.data(), data_bytes = e.size_bytes();
           kinds[k] = detail::element_kind_of<leaf_element_t<decltype(l)>>().code();
           widths[k++] = detail::row_width(l);
         },
         value);
     const std::vector<std::size_t>& all =
-        gather_counts<N>(counts, widths, kinds, detail::any_size, where, bytes_of(value));
+        gather_counts<N>(counts, widths, kinds, detail::any_size, where, bytes_of(value), data, data_bytes);
     G result{};
     k = 0;
     detail::for_each_leaf([&](auto& out) { detail::size_gathered(out, total_of(all, K, k), widths[k]); ++k; }, result);
@@ -151,7 +155,8 @@ class ReplicaContext {
     const recorded in_recorder(*this);
     const std::array<std::size_t, 1> counts{in.size()}, widths{1}, kinds{detail::element_kind_of<E>().code()};
     const std::vector<std::size_t>& all =
-        gather_counts<std::span<E>>(counts, widths, kinds, out.size(), where, in.size_bytes());
+        gather_counts<std::span<E>>(counts, widths, kinds, out.size(), where, in.size_bytes(), in.data(),
+                                    in.size_bytes());
     const std::array<std::span<const E>, 1> ins{in};
     const std::array<std::span<E>, 1> outs{out};
     collectives_.template all_gather_leaves<E>(self_, ins, all, outs, nullptr);
@@ -788,17 +793,20 @@ class ReplicaContext {
   /// all_gather's first step: every replica's leaf lengths, in replica order (N*K, global on a
   /// multi-worker strategy), after checking that the replicas agree on the nest, the widths and
   /// the element kinds (`element_kind::code()`), and that a span form's `out_size` is the total
-  /// (any_size: no span form).
+  /// (any_size: no span form). `data`, `data_bytes`: the one leaf's elements where K == 1 (else
+  /// null, 0), which may travel with the counts across workers.
   template <class N, std::size_t K>
   const std::vector<std::size_t>& gather_counts(const std::array<std::size_t, K>& counts,
                                                 const std::array<std::size_t, K>& widths,
                                                 const std::array<std::size_t, K>& kinds, std::size_t out_size,
-                                                const mirror::source_location& where, std::uint64_t bytes) {
+                                                const mirror::source_location& where, std::uint64_t bytes,
+                                                const void* data, std::size_t data_bytes) {
     std::array<std::size_t, K> shape{};
     shape.fill(detail::any_size);  // the lengths may differ: they are checked below, not hashed
     const detail::collective_header header =
         make_header<N>(detail::collective_kind::all_gather, 0, shape, where, 0, bytes);
-    collectives_.gather_counts(self_, header, counts.data(), widths.data(), kinds.data(), K, out_size, counts_);
+    collectives_.gather_counts(self_, header, counts.data(), widths.data(), kinds.data(), K, out_size, data,
+                               data_bytes, counts_);
     return counts_;
   }
 

@@ -341,6 +341,7 @@ std::unique_ptr<detail::worker_group::started_collective> group::start_reduce_sc
 
 void group::all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts,
                        std::size_t element_bytes, const char* what, bool checked, const void* const* own) {
+  if (checked && num_leaves == 1 && impl_->take_carried_blocks(leaves[0], counts, element_bytes, own)) return;
   std::size_t total = 0;
   for (std::size_t i = 0; i < num_leaves * static_cast<std::size_t>(impl_->W); ++i) total += counts[i];
   const detail::element_kind kind{detail::element_kind::category::unsigned_integer,
@@ -353,10 +354,13 @@ void group::all_gather(void* const* leaves, std::size_t num_leaves, const std::s
   impl_->run(j);
 }
 
-void group::all_gather_counts(const std::size_t* mine, std::size_t per_worker, std::size_t* all, const char* what) {
+void group::all_gather_counts(const std::size_t* mine, std::size_t per_worker, std::size_t* all, const char* what,
+                              const void* block, std::size_t block_bytes) {
   impl::job j{impl::job::counts, const_cast<std::size_t*>(mine), per_worker, int64_kind, ReduceOp::sum, 0, what, false,
               nullptr};
   j.out = all;
+  j.block = block;
+  j.block_bytes = block_bytes;
   impl_->run(j);
 }
 

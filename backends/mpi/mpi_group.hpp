@@ -73,7 +73,8 @@ class group final : public detail::worker_group {
                                                            const char* what) override;
   void all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts, std::size_t element_bytes,
                   const char* what, bool checked, const void* const* own = nullptr) override;
-  void all_gather_counts(const std::size_t* mine, std::size_t per_worker, std::size_t* all, const char* what) override;
+  void all_gather_counts(const std::size_t* mine, std::size_t per_worker, std::size_t* all, const char* what,
+                         const void* block = nullptr, std::size_t block_bytes = no_block) override;
   void next_phase() noexcept override;
   void report_failure(int global_replica, const std::exception_ptr& failure) noexcept override;
   void trace_to(detail::trace_track* track) noexcept override;

@@ -110,9 +110,13 @@ void broadcast_nest(worker_group& g, T& nest, int root, const char* what) {
 /// (`global[g*K + k]`, g = w*R + l, W*R*K of them): worker w's block is contiguous in global
 /// replica order, so one all-gather of R*K words per worker lays them out. Called by one thread
 /// per worker (local replica 0); a different R*K on some worker is a shape_error on every worker.
+/// `block`, `block_bytes`: the all-gather's own block, offered to travel along
+/// (worker_group::all_gather_counts).
 inline void all_gather_counts_across_workers(worker_group& g, std::span<const std::size_t> local,
-                                             std::span<std::size_t> global, const char* what) {
-  g.all_gather_counts(local.data(), local.size(), global.data(), what);
+                                             std::span<std::size_t> global, const char* what,
+                                             const void* block = nullptr,
+                                             std::size_t block_bytes = worker_group::no_block) {
+  g.all_gather_counts(local.data(), local.size(), global.data(), what, block, block_bytes);
 }
 
 /// Strategy::gather on a multi-worker strategy. `nest` holds this worker's part, its local

@@ -218,43 +218,59 @@ class replica_collectives {
   /// all_gather's first step (ReplicaContext::gather_counts): every replica's `leaves` lengths
   /// into `all` (replica-major), the agreement check, and the checks of the widths, the element
   /// kinds and the span form's out size, which every replica makes alike: all throw the same
-  /// shape_error.
+  /// shape_error. `data` (`data_bytes`): the replica's one leaf, where there is one leaf (else
+  /// null): across workers a small block of them travels with the counts (worker_group).
   void gather_counts(int self, const collective_header& header, const std::size_t* counts,
                      const std::size_t* widths, const std::size_t* kinds, std::size_t leaves, std::size_t out_size,
-                     std::vector<std::size_t>& all) {
+                     const void* data, std::size_t data_bytes, std::vector<std::size_t>& all) {
     struct post {
       const std::size_t* counts;
       const std::size_t* widths;
       const std::size_t* kinds;
       std::size_t out_size;
+      const void* data;
+      std::size_t data_bytes;
     };
     backend::collective<Rt> c(rt_, self, &header);
-    const auto posts = c.exchange(post{counts, widths, kinds, out_size});
-    // Per replica: its lengths, its widths, its element kinds, its out size; every replica (of
-    // every worker) checks the same table, so all throw the same shape_error or none does. The
-    // kinds can differ only between workers (one worker's replicas run one nest type), where
-    // blocks of another element type would be taken for this one's bytes: the table checks them
-    // there, with no exchange of its own.
-    const std::size_t words = 3 * leaves + 1;
+    const auto posts = c.exchange(post{counts, widths, kinds, out_size, data, data_bytes});
+    // Per replica: its lengths, each leaf's width and element kind in one word (the kind in the
+    // top 16 bits), its out size; every replica (of every worker) checks the same table, so all
+    // throw the same shape_error or none does. The kinds can differ only between workers (one
+    // worker's replicas run one nest type), where blocks of another element type would be taken
+    // for this one's bytes: the table checks them there, with no exchange of its own.
+    const std::size_t words = 2 * leaves + 1;
     std::vector<std::size_t> local(posts.size() * words);
     for (std::size_t r = 0; r < posts.size(); ++r) {
       for (std::size_t k = 0; k < leaves; ++k) {
         local[r * words + k] = posts[r].counts[k];
-        local[r * words + leaves + k] = posts[r].widths[k];
-        local[r * words + 2 * leaves + k] = posts[r].kinds[k];
+        local[r * words + leaves + k] = posts[r].widths[k] | posts[r].kinds[k] << kind_shift;
       }
-      local[r * words + 3 * leaves] = posts[r].out_size;
+      local[r * words + 2 * leaves] = posts[r].out_size;
     }
     const std::vector<std::size_t>* table = &local;
     [[maybe_unused]] std::vector<std::size_t> global;
     if constexpr (multi_worker) {
       // Worker w's replicas are global replicas w*R .. w*R+R-1: one all-gather of every
       // worker's table is the global table, in global replica order. Replica 0 makes it; the
-      // others read it from its frame.
+      // others read it from its frame. With one host leaf, the worker's block (its replicas'
+      // leaves in turn) is offered to travel with it.
       if (self == 0) {
         global.resize(local.size() * static_cast<std::size_t>(rt_.workers()->num_workers()));
+        std::size_t block_bytes = worker_group::no_block;
+        std::array<unsigned char, worker_group::carried_block_max> block;
+        if constexpr (Rt::host_addressable) {
+          if (leaves == 1) {
+            block_bytes = 0;
+            for (std::size_t r = 0; r < posts.size(); ++r) block_bytes += posts[r].data_bytes;
+            for (std::size_t r = 0, at = 0; r < posts.size() && block_bytes <= block.size(); ++r) {
+              if (posts[r].data_bytes != 0) std::memcpy(block.data() + at, posts[r].data, posts[r].data_bytes);
+              at += posts[r].data_bytes;
+            }
+          }
+        }
         c.for_all_replicas([&] {
-          all_gather_counts_across_workers(*rt_.workers(), local, global, "mirror::ReplicaContext::all_gather");
+          all_gather_counts_across_workers(*rt_.workers(), local, global, "mirror::ReplicaContext::all_gather",
+                                           block_bytes <= block.size() ? block.data() : nullptr, block_bytes);
         });
       }
       struct shared {
@@ -269,9 +285,11 @@ class replica_collectives {
       for (std::size_t k = 0; k < leaves; ++k) all[r * leaves + k] = word(r, k);
     }
     std::string problem;
+    const auto width = [&](std::size_t r, std::size_t k) { return word(r, leaves + k) & width_mask; };
+    const auto kind = [&](std::size_t r, std::size_t k) { return word(r, leaves + k) >> kind_shift; };
     for (std::size_t r = 1; r < n && problem.empty(); ++r) {
       for (std::size_t k = 0; k < leaves; ++k) {
-        if (word(r, 2 * leaves + k) != word(0, 2 * leaves + k)) {
+        if (kind(r, k) != kind(0, k)) {
           const auto name = [](std::size_t code) {
             const element_kind e = element_kind::from_code(code);
             return format("%s%d", e.category_name(), 8 * e.bytes);
@@ -279,16 +297,15 @@ class replica_collectives {
           const std::size_t R = posts.size();
           problem = format("mirror::ReplicaContext::all_gather: leaf %zu holds %s elements on replica %zu (worker "
                            "%zu) but %s on replica 0 (worker 0); every worker must gather the same element types",
-                           k, name(word(r, 2 * leaves + k)).c_str(), r, r / R, name(word(0, 2 * leaves + k)).c_str())
+                           k, name(kind(r, k)).c_str(), r, r / R, name(kind(0, k)).c_str())
                         .c_str();
           break;
         }
-        if (word(r, leaves + k) != word(0, leaves + k)) {
+        if (width(r, k) != width(0, k)) {
           problem = format("mirror::ReplicaContext::all_gather: leaf %zu (%s) has rows of %zu elements on "
                                    "replica %zu but of %zu on replica 0; all_gather concatenates along the first "
                                    "dimension only, so every replica's rows must be equally wide",
-                                   k, demangle(header.leaf_types[k]->name()).c_str(), word(r, leaves + k), r,
-                                   word(0, leaves + k))
+                                   k, demangle(header.leaf_types[k]->name()).c_str(), width(r, k), r, width(0, k))
                         .c_str();
           break;
         }
@@ -298,7 +315,7 @@ class replica_collectives {
       std::size_t total = 0;
       for (std::size_t r = 0; r < n; ++r) total += word(r, 0);
       for (std::size_t r = 0; r < n; ++r) {
-        const std::size_t out = word(r, 3 * leaves);
+        const std::size_t out = word(r, 2 * leaves);
         if (out != any_size && out != total) {
           problem = format("mirror::ReplicaContext::all_gather(in, out, axis0) on replica %zu: out has %zu "
                                    "elements but the replicas' inputs have %zu in all; pass an out span of %zu",
@@ -314,6 +331,11 @@ class replica_collectives {
       throw shape_error(problem);
     }
   }
+
+  /// gather_counts' table holds a leaf's row width and element kind in one word: the kind
+  /// (element_kind::code(), 16 bits) above this bit, the width below.
+  static constexpr unsigned kind_shift = 48;
+  static constexpr std::size_t width_mask = (std::size_t{1} << kind_shift) - 1;
 
   /// A broadcast of at most this many bytes, on host leaves none of which is resizable, carries
   /// the source's bytes in its one exchange (broadcast_bytes).

@@ -111,16 +111,31 @@ class worker_group {
   /// worker's own block is filled in (or, where `own` is not null, is at `own[k]`, and the group
   /// copies it in while the others' blocks travel), and every other worker's is copied in.
   /// `counts` (W * num_leaves) is equal on every worker. `checked`: the counts come from
-  /// all_gather_counts (which checked that the workers agree), so no agreement check of its own.
+  /// all_gather_counts (which checked that the workers agree), so no agreement check of its own;
+  /// and where they came with every worker's block (all_gather_counts' `block`), one leaf is
+  /// filled from those, with no exchange of its own.
   virtual void all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts,
                           std::size_t element_bytes, const char* what, bool checked,
                           const void* const* own = nullptr) = 0;
 
+  /// all_gather_counts' `block_bytes` where the caller offers no block.
+  static constexpr std::size_t no_block = static_cast<std::size_t>(-1);
+  /// The largest block all_gather_counts may carry: a caller offering a block of at most this
+  /// many bytes passes it, a larger one may pass null.
+  static constexpr std::size_t carried_block_max = 64;
+
   /// `all[p * per_worker + i]` becomes worker p's `mine[i]`, on every worker (`per_worker` must
   /// be equal everywhere: a `shape_error` naming the workers otherwise). The per-replica leaf
   /// counts an all-gather needs (ReplicaContext::all_gather, Strategy::gather).
+  ///
+  /// `block` (`block_bytes`): this worker's block of the one-leaf all-gather the counts are for,
+  /// the same data the next `all_gather(..., checked = true)` moves, offered by every worker or by
+  /// none (no_block). Where the counts travel in a small message, the blocks that fit in what is
+  /// left of it travel with them, and that all_gather takes them from there when every worker's
+  /// did: a small all-gather is one exchange, not two.
   virtual void all_gather_counts(const std::size_t* mine, std::size_t per_worker, std::size_t* all,
-                                 const char* what) = 0;
+                                 const char* what, const void* block = nullptr,
+                                 std::size_t block_bytes = no_block) = 0;
 
   /// Called by `Strategy::run` as each run starts and as it ends, on every worker alike: a failure
   /// belongs to the run it ended, and the collectives after that run (the next run's, a

@@ -448,6 +448,24 @@ void group::impl::gather_counts(job& j) {
   for (std::size_t i = 0; i < n * Wn; ++i) all[i] = static_cast<std::size_t>(words[n + i]);
 }
 
+bool group::impl::take_carried_blocks(void* leaf, const std::size_t* counts, std::size_t element_bytes,
+                                      const void* const* own) {
+  if (!counts_blocks.valid) return false;
+  counts_blocks.valid = false;
+  const std::size_t Wn = static_cast<std::size_t>(W);
+  for (std::size_t p = 0; p < Wn; ++p) {
+    if (counts[p] * element_bytes > counts_blocks.region) return false;  // that worker's did not fit: it was not sent
+  }
+  auto* out = static_cast<unsigned char*>(leaf);
+  for (std::size_t p = 0; p < Wn; ++p) {
+    const std::size_t n = counts[p] * element_bytes;
+    if (n != 0 && p != static_cast<std::size_t>(w)) std::memcpy(out, counts_blocks.rows + p * counts_blocks.region, n);
+    if (n != 0 && p == static_cast<std::size_t>(w) && own != nullptr) std::memcpy(out, own[0], n);
+    out += n;
+  }
+  return true;
+}
+
 std::uint64_t group::impl::text_hash(const char* text) noexcept {
   std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
   for (const char* c = text; c != nullptr && *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
@@ -488,11 +506,18 @@ void group::impl::agree(job& j, bool carried, bool keyed) {
   own.key[1] = -key;
   std::memset(own.payload, 0, slot_payload_bytes);
   const std::size_t carried_bytes = carried ? j.count * j.element.bytes : 0;
+  // A counts job's words, then, after every worker's, this worker's all-gather block where it
+  // fits its share of the rest (every worker's share at the same place on every worker).
+  const std::size_t blocks_at = static_cast<std::size_t>(W) * j.count * sizeof(std::int64_t);
+  const std::size_t region = carried && j.kind == job::counts ? block_region(j.count) : 0;
   if (carried && j.kind == job::counts) {
     const auto* words = static_cast<const std::size_t*>(j.data);
     for (std::size_t i = 0; i < j.count; ++i) {
       const auto word = static_cast<std::int64_t>(words[i]);
       std::memcpy(own.payload + (static_cast<std::size_t>(w) * j.count + i) * sizeof word, &word, sizeof word);
+    }
+    if (j.block_bytes != 0 && j.block_bytes <= region) {
+      std::memcpy(own.payload + blocks_at + static_cast<std::size_t>(w) * region, j.block, j.block_bytes);
     }
   } else if (carried_bytes != 0) {
     std::memcpy(own.payload, j.data, carried_bytes);
@@ -507,6 +532,11 @@ void group::impl::agree(job& j, bool carried, bool keyed) {
         std::int64_t word = 0;
         std::memcpy(&word, own.payload + i * sizeof word, sizeof word);
         all[i] = static_cast<std::size_t>(word);
+      }
+      if (j.block_bytes != detail::worker_group::no_block && region != 0) {
+        counts_blocks.region = region;
+        std::memcpy(counts_blocks.rows, own.payload + blocks_at, static_cast<std::size_t>(W) * region);
+        counts_blocks.valid = true;
       }
     } else if (carried_bytes != 0) {
       std::memcpy(j.data, own.payload, carried_bytes);

@@ -270,6 +270,9 @@ struct group::impl {
     void* out = nullptr;
     void* const* leaves = nullptr;
     const void* const* own = nullptr;  // gather: this worker's part of each leaf, where not in place
+    // counts: this worker's block of the all-gather the counts are for (carried_blocks says how).
+    const void* block = nullptr;
+    std::size_t block_bytes = detail::worker_group::no_block;
     clock::rep done_at = 0;          // when the thread finished it (written before `done`)
     std::atomic<bool> done{false};  // set (under mutex) after everything else the thread writes
   };
@@ -301,6 +304,7 @@ struct group::impl {
   };
   // Hands a started job to the communication thread, behind what was posted before it.
   std::unique_ptr<detail::worker_group::started_collective> post_started(std::unique_ptr<started> s) {
+    counts_blocks.valid = false;
     s->waited = true;  // (not posted yet: a post that throws leaves nothing to wait for)
     post(s->j);
     s->waited = false;
@@ -508,10 +512,34 @@ struct group::impl {
   /// The job, on the calling thread where drive() can, else handed to the communication thread
   /// and awaited.
   void run(job& j) {
+    counts_blocks.valid = false;  // only the job right after the counts may take their blocks
     if (drive(j)) return;
     post(j);
     await(j);
   }
+
+  /// The blocks the last counts job carried (agree()), for the all-gather right after it:
+  /// worker p's at rows + p * region, where it fits (its bytes at most `region`; every worker
+  /// that offered a block put it there by the same rule). Written by whichever thread executed
+  /// the counts job, before its `done`; read and cleared on the caller's thread.
+  struct carried_blocks {
+    bool valid = false;
+    std::size_t region = 0;
+    unsigned char rows[slot_payload_bytes];
+  } counts_blocks;
+  /// The bytes per worker a counts job of `words` words per worker leaves in its slot, where it
+  /// is carried (carries()): what is left after the W workers' words, split W ways, in whole
+  /// words (the slot is summed as int64), and at most worker_group::carried_block_max (a larger
+  /// block need not be offered).
+  std::size_t block_region(std::size_t words) const noexcept {
+    const std::size_t used = static_cast<std::size_t>(W) * words * sizeof(std::int64_t);
+    const std::size_t share = (slot_payload_bytes - used) / static_cast<std::size_t>(W);
+    return std::min(share, detail::worker_group::carried_block_max) / sizeof(std::int64_t) * sizeof(std::int64_t);
+  }
+  /// worker_group::all_gather of one leaf from the carried blocks, when every worker's block of
+  /// `counts` came with the counts: fills `leaf` (this worker's part from `own` where given) and
+  /// returns true; else false, and the all-gather exchanges its blocks itself.
+  bool take_carried_blocks(void* leaf, const std::size_t* counts, std::size_t element_bytes, const void* const* own);
 
   /// Ends the communication thread and frees the communicators; idempotent. Called by the
   /// destructor, or by MPI_Finalize (through the MPI_COMM_SELF attribute) when the program
