@@ -125,10 +125,11 @@ def ratio(key):
     r = ratios.get(key)
     return f"{st.median(r):.2f}x [{min(r):.2f}-{max(r):.2f}]" if r else "-"
 
-# Sizes are rounded to a multiple of 4 W R bytes: each table lists those its configurations ran.
-def sizes_of(W):
-    return sorted({k[6] for k in times if k[2] == W})
-sizes = sorted(set(sizes_of(1)) | set(sizes_of(2)) | set(sizes_of(4)))
+# reduce_scatter and all_gather round sizes to a multiple of 4 W R bytes (all_reduce keeps them):
+# each table lists the sizes its configurations ran.
+def sizes_of(W, verb):
+    return sorted({k[6] for k in times if k[2] == W and k[0] == verb})
+sizes = sorted(set(sizes_of(1, "all_reduce")) | set(sizes_of(2, "all_reduce")) | set(sizes_of(4, "all_reduce")))
 lines = [f"mirror {git}, bench/mpi_cluster_table.sh; medians over all repetitions of all rounds.", ""]
 lines += ["**Cross-worker all-reduce vs raw `MPI_Allreduce`** (2 workers x 1 replica, the same "
           "bytes on the same processes, alternated; ratio = median of per-repetition ratios, "
@@ -160,7 +161,7 @@ for verb in ("all_reduce", "reduce_scatter", "all_gather"):
     for W in (2, 3):
         if verb == "all_reduce" and W == 2:
             continue  # the first table
-        for n in sizes_of(W):
+        for n in sizes_of(W, verb):
             c, m = med((verb, "shm", W, 1, "on", "cluster", n)), med((verb, "shm", W, 1, "on", "mpi", n))
             if c is None or m is None:
                 continue
