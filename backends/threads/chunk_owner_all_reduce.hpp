@@ -49,6 +49,12 @@ struct ChunkOwnerAllReduce {
   /// is on the stack: 32 KiB of every replica's, the caller's thread's included.
   static constexpr int wide_block_replicas = 8;
   static constexpr std::size_t wide_block_bytes = 32768;  ///< the wide block (see wide_block_replicas)
+  /// From this many replicas up to wide_block_replicas, blocks of narrow_block_bytes: the
+  /// all-reduce streams N blocks through L1 beside the accumulator, and N + 1 blocks of 8 KiB no
+  /// longer fit a 32 KiB L1d: the accumulator would leave it before its N copies out (measured
+  /// at 4 replicas: docs/performance.md\#against-a-hand-written-blocked-loop).
+  static constexpr int narrow_block_replicas = 4;
+  static constexpr std::size_t narrow_block_bytes = 4096;  ///< the narrow block (see narrow_block_replicas)
 
   friend bool operator==(const ChunkOwnerAllReduce&, const ChunkOwnerAllReduce&) = default;
 
@@ -231,9 +237,12 @@ void ChunkOwnerAllReduce::large(backend::collective<Rt>& c, ReduceOp op, const u
   if (n == 1) return;
   const detail::element_kernels& e = *s.kernels;
   const std::size_t block =  // elements
-      std::max<std::size_t>(1, (n >= wide_block_replicas ? wide_block_bytes : block_bytes) / e.size());
+      std::max<std::size_t>(1, (n >= wide_block_replicas     ? wide_block_bytes
+                                : n >= narrow_block_replicas ? narrow_block_bytes
+                                                             : block_bytes) /
+                                   e.size());
   alignas(64) unsigned char acc[wide_block_bytes];
-  static_assert(block_bytes >= 16 && block_bytes <= wide_block_bytes,
+  static_assert(narrow_block_bytes >= 16 && block_bytes >= 16 && block_bytes <= wide_block_bytes,
                 "a block holds at least one element of every type, and either block fits acc");
   const bool pair = n == 2 && op == ReduceOp::sum && e.sum_pair != nullptr;
   const auto [a, b] = backend::chunk_of(0, s.total, c.self(), n, e.size());
