@@ -181,10 +181,10 @@ void gather_nest_across_workers(worker_group& g, T& nest, const std::string& loc
       if (all(p, per_leaf * k + 2) == all(0, per_leaf * k + 2)) continue;
       const element_kind theirs = element_kind::from_code(all(p, per_leaf * k + 2)),
                          first = element_kind::from_code(all(0, per_leaf * k + 2));
-      throw shape_error(format("%s: leaf %zu holds %s%d elements on worker %zu (replicas %zu..%zu) but %s%d on "
+      throw shape_error(format("%s: leaf %zu holds %s elements on worker %zu (replicas %zu..%zu) but %s on "
                                "worker 0 (replicas 0..%zu); every worker must gather the same element types",
-                               what, k, theirs.category_name(), 8 * theirs.bytes, p, first_replica(p),
-                               last_replica(p), first.category_name(), 8 * first.bytes, last_replica(0)));
+                               what, k, kind_name(theirs).c_str(), p, first_replica(p), last_replica(p),
+                               kind_name(first).c_str(), last_replica(0)));
     }
   }
   // Workers with rows must agree on the row width: every worker reads the same table, so all

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <mirror/detail/format.hpp>
 
 namespace mirror::detail {
 
@@ -34,6 +35,9 @@ struct element_kind {
   }
   friend constexpr bool operator==(const element_kind&, const element_kind&) = default;
 };
+
+/// How messages name a kind: "float32", "int8", "bfloat16".
+inline message kind_name(element_kind k) { return format("%s%d", k.category_name(), 8 * k.bytes); }
 
 /// The kind of E. Defined here for the arithmetic types; a backend with storage-only element
 /// types of its own (the CUDA backend's half and bfloat16) specialises it next to them.

@@ -262,9 +262,10 @@ class replica_collectives {
           if (leaves == 1) {
             block_bytes = 0;
             for (std::size_t r = 0; r < posts.size(); ++r) block_bytes += posts[r].data_bytes;
-            for (std::size_t r = 0, at = 0; r < posts.size() && block_bytes <= block.size(); ++r) {
-              if (posts[r].data_bytes != 0) std::memcpy(block.data() + at, posts[r].data, posts[r].data_bytes);
-              at += posts[r].data_bytes;
+            if (block_bytes <= block.size()) {
+              for (std::size_t r = 0, at = 0; r < posts.size(); at += posts[r].data_bytes, ++r) {
+                if (posts[r].data_bytes != 0) std::memcpy(block.data() + at, posts[r].data, posts[r].data_bytes);
+              }
             }
           }
         }
@@ -290,14 +291,10 @@ class replica_collectives {
     for (std::size_t r = 1; r < n && problem.empty(); ++r) {
       for (std::size_t k = 0; k < leaves; ++k) {
         if (kind(r, k) != kind(0, k)) {
-          const auto name = [](std::size_t code) {
-            const element_kind e = element_kind::from_code(code);
-            return format("%s%d", e.category_name(), 8 * e.bytes);
-          };
-          const std::size_t R = posts.size();
           problem = format("mirror::ReplicaContext::all_gather: leaf %zu holds %s elements on replica %zu (worker "
                            "%zu) but %s on replica 0 (worker 0); every worker must gather the same element types",
-                           k, name(kind(r, k)).c_str(), r, r / R, name(kind(0, k)).c_str())
+                           k, kind_name(element_kind::from_code(kind(r, k))).c_str(), r, r / posts.size(),
+                           kind_name(element_kind::from_code(kind(0, k))).c_str())
                         .c_str();
           break;
         }

@@ -125,10 +125,6 @@ inline MPI_Datatype datatype_of(detail::element_kind k) {
   return MPI_BYTE;
 }
 
-inline std::string kind_name(detail::element_kind k) {
-  return detail::format("%s%d", k.category_name(), 8 * k.bytes).c_str();
-}
-
 // min and max of floating-point values as everywhere in mirror (detail::minimum, maximum: a NaN
 // on any worker gives NaN, -0 is below +0). MPI defines MPI_MIN and MPI_MAX for ordered values
 // only, and Open MPI's keep whichever operand their comparison picks, so a NaN would survive or
