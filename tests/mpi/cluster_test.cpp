@@ -180,7 +180,8 @@ TEMPLATE_TEST_CASE("cluster conformance: all_reduce equals a serial loop over th
 }
 
 // The agreement check's message carries up to 112 bytes of a reduction's elements
-// (backends/mpi/group/agreement_slot.hpp): the counts around that edge take both paths. Inputs
+// (backends/mpi/group/agreement_slot.hpp), and up to 4016 bytes where it is direct messages (a
+// wide check, up to 8 workers: group/impl.hpp): the counts around both edges take each path. Inputs
 // are chosen so that every order gives the same bits (the order is the next cases'), and narrow
 // or unsigned integers wrap around: Open MPI 4.1's own sums of 1- and 2-byte integers saturate on
 // AVX-512 hosts, which mirror must not inherit (this case fails there with MPI_SUM).
@@ -188,7 +189,7 @@ TEMPLATE_TEST_CASE("cluster: small reductions in the agreement check's message e
                    "[mpi]", float, double, std::int8_t, std::uint8_t, std::int16_t, std::uint16_t, std::int32_t,
                    std::uint32_t, std::int64_t, std::uint64_t) {
   using T = TestType;
-  constexpr std::size_t slot = 112 / sizeof(T);
+  constexpr std::size_t slot = 112 / sizeof(T), wide = 4016 / sizeof(T);
   const int W = world_size();
   // Wrapping products and sums where the reference wraps without undefined behaviour: types
   // narrower than int (promoted, then converted back) and unsigned ones.
@@ -198,7 +199,7 @@ TEMPLATE_TEST_CASE("cluster: small reductions in the agreement check's message e
     for (const int R : {1, 2}) {
       const int N = W * R;
       Strategy s{Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30), .validate_shapes = validate}};
-      for (const std::size_t n : {std::size_t{1}, slot - 1, slot, slot + 1}) {
+      for (const std::size_t n : {std::size_t{1}, slot - 1, slot, slot + 1, wide - 1, wide, wide + 1}) {
         for (const auto op : mirror::test::all_ops) {
           CAPTURE(validate, R, n, mirror::to_string(op));
           std::vector<std::vector<T>> inputs(static_cast<std::size_t>(N), std::vector<T>(n));
@@ -346,8 +347,8 @@ TEST_CASE("cluster: MpiAllReduce{.deterministic} folds in worker order: the seri
   for (const int R : {1, 2}) {
     const int N = W * R;
     Ordered s{Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30)}, Ops{.cross = {.deterministic = true}}};
-    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{4099},
-                                std::size_t{100003}}) {
+    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{1003},
+                                std::size_t{4099}, std::size_t{100003}}) {
       std::vector<std::vector<float>> inputs(static_cast<std::size_t>(N), std::vector<float>(n));
       std::mt19937 gen(11);
       std::uniform_real_distribution<float> dist(-1.f, 1.f);
@@ -766,6 +767,31 @@ TEST_CASE("cluster: mismatched shapes across workers are a shape_error on every 
   }
   const auto v = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, std::vector<float>(10, 1.f)); });
   CHECK(v.primary() == std::vector<float>(10, float(s.num_replicas_in_sync())));
+}
+
+TEST_CASE("cluster: a wide agreement check against a slot, a two-round all-reduce or another wide one is a "
+          "shape_error on every worker",
+          "[mpi][mismatch]") {
+  // 1000 floats (4000 bytes) ride in the check as one message of their own size; 10 in the fixed
+  // slot; 5000 take the check and MPI_Iallreduce. Each pairing must still find the keys unequal
+  // on every worker, and leave the next exchange's messages unmixed.
+  const int w = world_rank();
+  Strategy& s = strategy_with(2);
+  const std::size_t cases[][2] = {{1000, 10}, {10, 1000}, {1000, 5000}, {5000, 1000}, {1000, 999}};  // worker 0's, the others'
+  for (const auto& c : cases) {
+    const std::size_t mine = c[w == 0 ? 0 : 1];
+    CAPTURE(c[0], c[1]);
+    try {
+      s.run([&](auto& ctx) { ctx.all_reduce(ReduceOp::sum, std::vector<float>(mine, 1.f)); });
+      FAIL("no shape_error");
+    } catch (const mirror::shape_error& e) {
+      const std::string what = e.what();
+      CHECK_THAT(what, Catch::Contains("worker 0 (replicas 0..1) reduces " + std::to_string(c[0]) + " float32"));
+      CHECK_THAT(what, Catch::Contains("worker 1 (replicas 2..3) reduces " + std::to_string(c[1]) + " float32"));
+    }
+    const auto v = s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, std::vector<float>(1000, 1.f)); });
+    CHECK(v.primary() == std::vector<float>(1000, float(s.num_replicas_in_sync())));
+  }
 }
 
 TEST_CASE("cluster: save writes once on the chief, restore broadcasts the chief's file", "[mpi]") {

@@ -118,9 +118,10 @@ void reduce_scatter_case(int R, bool deterministic) {
   Strategy& s = strategy_with(R, deterministic);
   const int W = world_size(), N = W * R;
   constexpr std::size_t large = 80 * 1024 / sizeof(T);  // > 64 KiB: Open MPI's larger algorithms
+  constexpr std::size_t wide = 4000 / sizeof(T);         // in the agreement check's wide message
   for (const ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::min, ReduceOp::max, ReduceOp::prod}) {
     for (const std::size_t n : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(N - 1),
-                                static_cast<std::size_t>(2 * N + 1), large + 3}) {
+                                static_cast<std::size_t>(2 * N + 1), wide, large + 3}) {
       CAPTURE(W, R, deterministic, mirror::to_string(op), n, sizeof(T));
       const auto results = s.run([&](auto& ctx) {
         const int g = ctx.replica_id_in_sync_group();
@@ -161,7 +162,8 @@ void reduce_scatter_case(int R, bool deterministic) {
 
 }  // namespace
 
-TEST_CASE("cluster reduce_scatter: every op, float/double/int32, lengths 0, 1, < N, ragged, > 64 KiB", "[mpi]") {
+TEST_CASE("cluster reduce_scatter: every op, float/double/int32, lengths 0, 1, < N, ragged, 4000 bytes, > 64 KiB",
+          "[mpi]") {
   for (const int R : {1, 2, 3}) {
     reduce_scatter_case<float>(R, false);
     reduce_scatter_case<double>(R, false);

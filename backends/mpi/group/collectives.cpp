@@ -282,22 +282,63 @@ void group::impl::exchange_slot(agreement_slot& slot, bool carried, detail::elem
   op = op == ReduceOp::mean ? ReduceOp::sum : op;
   log_post(post_agreement, carried ? 1 : 0, carried ? kind.code() : 0, static_cast<std::int64_t>(op));
   // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
-  const std::size_t n_slots = slots_per_exchange();
-  auto slots = std::make_unique<agreement_slot[]>(n_slots);
-  slots[n_slots == 1 ? 0 : static_cast<std::size_t>(w)] = slot;
+  const bool direct = W <= direct_agreement;
+  unsigned char* const rows = rows_for_exchange();
+  std::memcpy(rows + (direct ? static_cast<std::size_t>(w) * direct_row_bytes : 0), &slot, sizeof slot);
   std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
-  const int n = post_slots(slots.get(), carried, kind, op, requests.data(), what);
-  wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), what, slots);
-  // Direct: every worker folds the same slots in the same order, the same bits everywhere.
+  const int n = post_slots(rows, sizeof slot, carried, kind, op, requests.data(), what);
+  wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), what, exchange_rows);
+  std::memcpy(&slot, rows, sizeof slot);
+  if (!direct) return;
+  // Direct: every worker folds the same slots in the same order, the same bits everywhere. Each
+  // message is at least a slot (a wide one too: its keys are then unequal to this one's).
   const slot_combiner combine = agreement_combiner(carried, kind, op);
-  for (std::size_t p = 1; p < n_slots; ++p) combine(slots[p], slots[0]);
-  slot = slots[0];
+  for (int p = 1; p < W; ++p) {
+    agreement_slot next;
+    std::memcpy(&next, rows + static_cast<std::size_t>(p) * direct_row_bytes, sizeof next);
+    combine(next, slot);
+  }
 }
 
-int group::impl::post_slots(agreement_slot* rows, bool carried, detail::element_kind kind, ReduceOp op,
-                            MPI_Request* requests, const char* what) {
+bool group::impl::exchange_wide(job& j, std::int64_t key) {
+  const ReduceOp op = j.op == ReduceOp::mean ? ReduceOp::sum : j.op;
+  const std::size_t bytes = j.count * j.element.bytes;
+  log_post(post_agreement, 1, j.element.code(), static_cast<std::int64_t>(op));
+  unsigned char* const rows = rows_for_exchange();
+  const std::int64_t keys[2] = {key, -key};
+  unsigned char* const mine = rows + static_cast<std::size_t>(w) * direct_row_bytes;
+  std::memcpy(mine, keys, sizeof keys);
+  std::memcpy(mine + sizeof keys, j.data, bytes);
+  std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
+  const int n = post_slots(rows, sizeof keys + bytes, true, j.element, op, requests.data(), j.what);
+  wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), j.what, exchange_rows);
+  // The keys as a slot's (MAX of each); a message from a worker that disagrees may be shorter,
+  // but is at least a slot, so its keys are there.
+  std::int64_t agreed[2] = {key, -key};
+  for (int p = 0; p < W; ++p) {
+    std::int64_t theirs[2];
+    std::memcpy(theirs, rows + static_cast<std::size_t>(p) * direct_row_bytes, sizeof theirs);
+    agreed[0] = std::max(agreed[0], theirs[0]);
+    agreed[1] = std::max(agreed[1], theirs[1]);
+  }
+  if (agreed[0] != -agreed[1]) return false;
+  // Worker 0's elements, then each next worker's into them, as the slots fold: the same bits
+  // on every worker. (Rows start 16-byte aligned: MPI's ops read whole elements.)
+  unsigned char* const into = rows + sizeof keys;
+  const MPI_Datatype type = datatype_of(j.element);
+  for (int p = 1; p < W; ++p) {
+    check(MPI_Reduce_local(rows + static_cast<std::size_t>(p) * direct_row_bytes + sizeof keys, into,
+                           static_cast<int>(j.count), type, op_of(op, j.element)),
+          "MPI_Reduce_local (agreement check)", j.what);
+  }
+  return true;
+}
+
+int group::impl::post_slots(unsigned char* rows, std::size_t bytes, bool carried, detail::element_kind kind,
+                            ReduceOp op, MPI_Request* requests, const char* what) {
   if (W <= direct_agreement) {
-    return post_blocks(rows, &rows[w], sizeof(agreement_slot), tag_agreement, requests, what);
+    return post_blocks(rows, rows + static_cast<std::size_t>(w) * direct_row_bytes, bytes, tag_agreement, requests,
+                       what, direct_row_bytes);
   }
   check(MPI_Iallreduce(MPI_IN_PLACE, rows, 1, agreement_type(), agreement_op(carried, kind, op), data, &requests[0]),
         "MPI_Iallreduce (agreement check)", what);
@@ -308,18 +349,20 @@ bool group::impl::carries(const job& j) const noexcept {
   // An all-gather of counts is a sum of the workers' blocks, each zero but its owner's.
   if (j.kind == job::counts) return j.count != 0 && j.count * static_cast<std::size_t>(W) * sizeof(std::int64_t) <= slot_payload_bytes;
   if (j.kind != job::reduce && j.kind != job::scatter) return false;
-  if (j.count == 0 || j.count * j.element.bytes > slot_payload_bytes || datatype_of(j.element) == MPI_BYTE) return false;
+  const std::size_t room = W <= direct_agreement ? wide_carry_max : slot_payload_bytes;
+  if (j.count == 0 || j.count * j.element.bytes > room || datatype_of(j.element) == MPI_BYTE) return false;
   // A direct check folds in worker order; MPI_Iallreduce in its own, which two operands share.
   return !j.in_worker_order || W <= direct_agreement || W == 2;
 }
 
 int group::impl::post_blocks(void* rows, const void* mine, std::size_t block, int tag, MPI_Request* requests,
-                             const char* what) {
+                             const char* what, std::size_t capacity) {
+  if (capacity == 0) capacity = block;
   int n = 0;
   for (int p = 0; p < W; ++p) {
     if (p == w) continue;
-    check(MPI_Irecv(static_cast<unsigned char*>(rows) + static_cast<std::size_t>(p) * block, static_cast<int>(block),
-                    MPI_BYTE, p, tag, data, &requests[n++]),
+    check(MPI_Irecv(static_cast<unsigned char*>(rows) + static_cast<std::size_t>(p) * capacity,
+                    static_cast<int>(capacity), MPI_BYTE, p, tag, data, &requests[n++]),
           "MPI_Irecv", what);
   }
   for (int p = 0; p < W; ++p) {
@@ -499,6 +542,18 @@ void group::impl::agree(job& j, bool carried, bool keyed) {
       key = agreement_key(static_cast<std::uint64_t>(key), detail::shape_hash(j.sizes, n), j.num_sizes);
     }
   }
+  if (carried && carries_wide(j)) {
+    if (exchange_wide(j, key)) {
+      const unsigned char* const result = exchange_rows.get() + 2 * sizeof(std::int64_t);
+      if (j.kind == job::scatter) {
+        keep_ranges(j, result);
+      } else {
+        std::memcpy(j.data, result, j.count * j.element.bytes);
+      }
+      return;
+    }
+    describe_disagreement(j, element, what_kind, flag, call);
+  }
   // The elements of a carried reduction (a counts job: this worker's words in its block), then
   // zeros: every worker's slot holds the same bytes where unused.
   agreement_slot own;
@@ -543,6 +598,11 @@ void group::impl::agree(job& j, bool carried, bool keyed) {
     }
     return;
   }
+  describe_disagreement(j, element, what_kind, flag, call);
+}
+
+void group::impl::describe_disagreement(const job& j, std::uint64_t element, std::uint64_t what_kind,
+                                        std::int64_t flag, std::uint64_t call) {
   MPI_Request request = MPI_REQUEST_NULL;
   // Mine, then every worker's.
   constexpr std::size_t D = description_words;

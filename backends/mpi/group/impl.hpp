@@ -523,6 +523,15 @@ struct group::impl {
     std::size_t region = 0;
     unsigned char rows[slot_payload_bytes];
   } counts_blocks;
+  /// The rows every agreement exchange receives into (exchange_bytes()), kept from one exchange
+  /// to the next rather than allocated per call (4 KiB per worker). Used by
+  /// whichever thread executes jobs; given up (keep_until_exit) with an exchange that is, and
+  /// then made anew.
+  std::unique_ptr<unsigned char[]> exchange_rows;
+  unsigned char* rows_for_exchange() {
+    if (exchange_rows == nullptr) exchange_rows = std::make_unique_for_overwrite<unsigned char[]>(exchange_bytes());
+    return exchange_rows.get();
+  }
   /// The bytes per worker a counts job of `words` words per worker leaves in its slot, where it
   /// is carried (carries()): what is left after the W workers' words, split W ways, in whole
   /// words (the slot is summed as int64), and at most worker_group::carried_block_max (a larger
@@ -645,29 +654,59 @@ struct group::impl {
   static constexpr int tag_gather = 2;     // an all-gather's blocks (post_blocks from gather())
 
   /// Posts one round of messages: `mine` (`block` bytes) to every other worker, and worker p's
-  /// into `rows + p * block` for each other p, on `tag`. Returns how many requests it wrote
+  /// into `rows + p * capacity` (at most `capacity` bytes, `block` where 0: a shorter message
+  /// is received whole) for each other p, on `tag`. Returns how many requests it wrote
   /// (2 (W - 1)).
-  int post_blocks(void* rows, const void* mine, std::size_t block, int tag, MPI_Request* requests, const char* what);
+  int post_blocks(void* rows, const void* mine, std::size_t block, int tag, MPI_Request* requests, const char* what,
+                  std::size_t capacity = 0);
 
   /// The agreement check's exchange: every worker's `slot` (keys and payload filled in) combined
   /// as agreement_combiner(carried, kind, op) says, into `slot`, the same bits on every worker:
   /// one round of messages up to `direct_agreement` workers, else MPI_Iallreduce.
   void exchange_slot(agreement_slot& slot, bool carried, detail::element_kind kind, ReduceOp op, const char* what);
 
-  /// How many slots one agreement exchange needs: one per worker where it is direct messages
-  /// (this worker's at [w]), else the one MPI_Iallreduce combines in place.
-  std::size_t slots_per_exchange() const noexcept {
-    return W <= direct_agreement ? static_cast<std::size_t>(W) : 1;
+  /// Up to `direct_agreement` workers, an all-reduce or reduce-scatter of more than a slot's
+  /// payload rides in the agreement check too, where it fits one message of direct_row_bytes:
+  /// the two keys, then the elements (a wide check, exchange_wide). One round of messages, where
+  /// the check and MPI_Iallreduce would be two.
+  static constexpr std::size_t wide_carry_max = 4016;
+  /// Every message of a direct agreement check, a slot or a wide one, is received into a row of
+  /// this many bytes: workers that disagree, one sending a wide check and another a slot, then
+  /// still complete the exchange and report the mismatch alike (MPI fails a receive shorter than
+  /// its message, on that worker only). The size keeps a wide check below the eager limit of
+  /// Open MPI's shared-memory transport (4 KiB with its headers: 4040 bytes of a message went
+  /// eagerly, 4048 did not): a larger message waits for its receiver's reply, and one wide
+  /// message of 4 KiB took longer than the check and MPI_Iallreduce it replaces.
+  static constexpr std::size_t direct_row_bytes = 2 * sizeof(std::int64_t) + wide_carry_max;
+  static_assert(direct_row_bytes % alignof(agreement_slot) == 0 && direct_row_bytes >= sizeof(agreement_slot));
+
+  /// The bytes one agreement exchange receives into: W rows of direct_row_bytes where it is
+  /// direct messages (this worker's message in row w), else the one slot MPI_Iallreduce
+  /// combines in place.
+  std::size_t exchange_bytes() const noexcept {
+    return W <= direct_agreement ? static_cast<std::size_t>(W) * direct_row_bytes : sizeof(agreement_slot);
   }
-  /// Posts one agreement exchange of `rows` (slots_per_exchange() slots, combined as
-  /// agreement_combiner(carried, kind, op) says): worker p's slot into rows[p] and rows[w] to
-  /// every other worker, or MPI_Iallreduce of rows[0]. Returns how many requests it wrote (at most
-  /// 2 (W - 1)). exchange_slot and the recovery's stand-ins post through it, so both match.
-  int post_slots(agreement_slot* rows, bool carried, detail::element_kind kind, ReduceOp op, MPI_Request* requests,
-                 const char* what);
+  /// Posts one agreement exchange of `rows` (exchange_bytes(), combined as
+  /// agreement_combiner(carried, kind, op) says): this worker's message (`bytes`, a slot or a
+  /// wide check, at row w) to every other worker and worker p's into row p, or MPI_Iallreduce of
+  /// the slot at rows. Returns how many requests it wrote (at most 2 (W - 1)). exchange_slot,
+  /// exchange_wide and the recovery's stand-ins post through it, so all match.
+  int post_slots(unsigned char* rows, std::size_t bytes, bool carried, detail::element_kind kind, ReduceOp op,
+                 MPI_Request* requests, const char* what);
+
+  /// Whether `j`, where its check carries it (carries()), goes as a wide check: an all-reduce or
+  /// a reduce-scatter whose elements do not fit a slot.
+  bool carries_wide(const job& j) const noexcept {
+    return (j.kind == job::reduce || j.kind == job::scatter) && j.count * j.element.bytes > slot_payload_bytes;
+  }
+  /// A wide check of `j` under `key`: every worker's keys and elements, one message from each to
+  /// each, folded in worker order. Returns whether the keys agree, and then the reduction's
+  /// result (j.count elements) is at exchange_rows + 16, until the next exchange.
+  bool exchange_wide(job& j, std::int64_t key);
 
   /// Whether job `j`'s agreement check carries its data: an all-reduce, or a reduce-scatter
-  /// (an all-reduce of which the worker keeps its ranges), of at most slot_payload_bytes, of a
+  /// (an all-reduce of which the worker keeps its ranges), of at most slot_payload_bytes (up
+  /// to wide_carry_max where the check is direct messages), of a
   /// kind MPI has, unless it must fold in worker order and the check does not (MPI_Iallreduce,
   /// over more than two workers); or an all-gather of counts whose W blocks fit (a sum of blocks,
   /// each zero but on its owner). Every worker decides alike where the checks agree: the key
@@ -683,6 +722,10 @@ struct group::impl {
   /// phase with the others' (resync_phase), so that a worker that made a call outside run while
   /// the others ran fn still tells the same runs apart afterwards.
   [[noreturn]] void throw_disagreement(const std::int64_t* all);
+  /// After agree()'s keys disagreed: gathers every worker's description of its call (agree()'s
+  /// `element`, `what_kind`, `flag` and `call` for `j`) and throws throw_disagreement's error.
+  [[noreturn]] void describe_disagreement(const job& j, std::uint64_t element, std::uint64_t what_kind,
+                                          std::int64_t flag, std::uint64_t call);
 
   /// After a failed agreement check: moves this worker's phase to where the others' will be once
   /// every worker's current call has ended (a run ends on an even phase), so that phases keep

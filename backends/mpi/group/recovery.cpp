@@ -129,14 +129,12 @@ void group::impl::post_dummy(const posted_op& o, dummy& d) {
       return;
     }
     case post_agreement: {
-      // Slots of zero keys: they match the check, which fails on the workers that made it.
-      const std::size_t slots = slots_per_exchange();
-      d.buffer = std::make_unique<unsigned char[]>(slots * sizeof(agreement_slot));
-      std::memset(d.buffer.get(), 0, slots * sizeof(agreement_slot));
+      // A slot of zero keys (this worker's, where the check is messages): it matches the check,
+      // which fails on the workers that made it; a wide check among them too.
+      d.buffer = std::make_unique<unsigned char[]>(exchange_bytes());  // zeros
       d.requests.resize(std::max(1, 2 * (W - 1)));
-      d.requests.resize(static_cast<std::size_t>(post_slots(reinterpret_cast<agreement_slot*>(d.buffer.get()),
-                                                            o.count != 0, k, static_cast<ReduceOp>(o.op),
-                                                            d.requests.data(), what)));
+      d.requests.resize(static_cast<std::size_t>(post_slots(d.buffer.get(), sizeof(agreement_slot), o.count != 0, k,
+                                                            static_cast<ReduceOp>(o.op), d.requests.data(), what)));
       return;
     }
     case post_gather_messages:
