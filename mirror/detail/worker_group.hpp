@@ -120,9 +120,10 @@ class worker_group {
 
   /// all_gather_counts' `block_bytes` where the caller offers no block.
   static constexpr std::size_t no_block = static_cast<std::size_t>(-1);
-  /// The largest block all_gather_counts may carry: a caller offering a block of at most this
-  /// many bytes passes it, a larger one may pass null.
-  static constexpr std::size_t carried_block_max = 64;
+  /// The largest block all_gather_counts may carry (a backend carries what fits its small
+  /// messages: the MPI group, up to about 4 KiB among up to 8 workers): a caller offering a
+  /// block of at most this many bytes passes it, a larger one may pass null.
+  static constexpr std::size_t carried_block_max = 4000;
 
   /// `all[p * per_worker + i]` becomes worker p's `mine[i]`, on every worker (`per_worker` must
   /// be equal everywhere: a `shape_error` naming the workers otherwise). The per-replica leaf

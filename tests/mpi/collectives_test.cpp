@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -276,44 +277,69 @@ TEST_CASE("cluster all_gather: leaves whose lengths differ per global replica (s
 }
 
 // A worker's block of a one-leaf all-gather travels in the counts' message where it fits what the
-// message has left (backends/mpi/group/impl.hpp, block_region: 32 bytes per worker for 2 workers
-// x 1 replica, 8 for 2 x 2 or 3 x 1); the all-gather then makes no exchange of its own, and
-// where some worker's block did not fit, every worker exchanges them all. Lengths around that
-// edge, equal and unequal across workers (the last worker's longer, or empty), every element
-// size, both forms, with the agreement check and without.
+// message has left (backends/mpi/group/impl.hpp). Up to 8 workers the check is direct messages:
+// the words, a length, then up to 4016 - (words + 1) * 8 bytes of block (words = 3 per replica).
+// Above (here: MIRROR_MPI_DIRECT_AGREEMENT=1), one fixed slot: 32 bytes per worker for 2 workers
+// x 1 replica, 8 for 2 x 2 or 3 x 1 (block_region). The all-gather then makes no exchange of its
+// own, and where some worker's block did not fit, every worker exchanges them all. Lengths
+// around both edges, equal and unequal across workers (the last worker's longer, or empty),
+// every element size, both forms, with the agreement check and without.
 TEMPLATE_TEST_CASE("cluster all_gather: small blocks that travel with the counts, around the edge, equal or not",
                    "[mpi]", std::int8_t, std::int16_t, float, double) {
   using T = TestType;
   const int W = world_size();
-  for (const bool validate : {true, false}) {
-    for (const int R : {1, 2}) {
-      drop_strategy();
-      mirror::Strategy<Cluster, Ops> s(
-          Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30), .validate_shapes = validate});
-      const int N = W * R;
-      for (const std::size_t n : {std::size_t{0}, std::size_t{1}, 8 / sizeof(T), 8 / sizeof(T) + 1, 32 / sizeof(T) / 2,
-                                  32 / sizeof(T), 32 / sizeof(T) + 1, 64 / sizeof(T)}) {
-        for (const int shape : {0, 1, 2}) {  // equal; the last worker's one longer; the last worker's empty
-          CAPTURE(validate, R, n, shape);
-          const auto length = [&](int g) {
-            const bool last = g / R == W - 1;
-            return shape == 1 && last ? n + 1 : shape == 2 && last ? 0 : n;
-          };
-          std::vector<T> want;
-          for (int g = 0; g < N; ++g) {
-            for (std::size_t i = 0; i < length(g); ++i) want.push_back(input<T>(g, i, ReduceOp::sum));
-          }
-          const auto got = s.run([&](auto& ctx) {
-            const int g = ctx.replica_id_in_sync_group();
-            std::vector<T> mine(length(g));
-            for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = input<T>(g, i, ReduceOp::sum);
-            std::vector<T> out(want.size(), T{99});
-            ctx.all_gather(std::span<const T>(mine), std::span<T>(out), mirror::axis0);
-            return std::make_pair(*ctx.all_gather(mine, mirror::axis0), out);
-          });
-          for (int l = 0; l < R; ++l) {
-            CHECK(got.first[static_cast<std::size_t>(l)] == want);
-            CHECK(got.second[static_cast<std::size_t>(l)] == want);
+  const char* const set = std::getenv("MIRROR_MPI_DIRECT_AGREEMENT");
+  const std::string before = set != nullptr ? set : "";
+  // The strategy's group reads the variable as it is built.
+  const auto build = [&](bool direct, bool validate, int R) {
+    if (direct) {
+      unsetenv("MIRROR_MPI_DIRECT_AGREEMENT");
+    } else {
+      setenv("MIRROR_MPI_DIRECT_AGREEMENT", "1", 1);
+    }
+    auto s = std::make_unique<mirror::Strategy<Cluster, Ops>>(
+        Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30), .validate_shapes = validate});
+    if (before.empty()) {
+      unsetenv("MIRROR_MPI_DIRECT_AGREEMENT");
+    } else {
+      setenv("MIRROR_MPI_DIRECT_AGREEMENT", before.c_str(), 1);
+    }
+    return s;
+  };
+  for (const bool direct : {true, false}) {
+    for (const bool validate : {true, false}) {
+      for (const int R : {1, 2}) {
+        drop_strategy();
+        const auto s = build(direct, validate, R);
+        const int N = W * R;
+        const std::size_t Rn = static_cast<std::size_t>(R);
+        const std::size_t edge = (4016 - (3 * Rn + 1) * 8) / Rn / sizeof(T);
+        std::vector<std::size_t> lengths{0, 1, 8 / sizeof(T), 8 / sizeof(T) + 1, 32 / sizeof(T) / 2, 32 / sizeof(T),
+                                         32 / sizeof(T) + 1, 64 / sizeof(T)};
+        if (direct) lengths.insert(lengths.end(), {edge - 1, edge, edge + 1});
+        for (const std::size_t n : lengths) {
+          for (const int shape : {0, 1, 2}) {  // equal; the last worker's one longer; the last worker's empty
+            CAPTURE(direct, validate, R, n, shape);
+            const auto length = [&](int g) {
+              const bool last = g / R == W - 1;
+              return shape == 1 && last ? n + 1 : shape == 2 && last ? 0 : n;
+            };
+            std::vector<T> want;
+            for (int g = 0; g < N; ++g) {
+              for (std::size_t i = 0; i < length(g); ++i) want.push_back(input<T>(g, i, ReduceOp::sum));
+            }
+            const auto got = s->run([&](auto& ctx) {
+              const int g = ctx.replica_id_in_sync_group();
+              std::vector<T> mine(length(g));
+              for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = input<T>(g, i, ReduceOp::sum);
+              std::vector<T> out(want.size(), T{99});
+              ctx.all_gather(std::span<const T>(mine), std::span<T>(out), mirror::axis0);
+              return std::make_pair(*ctx.all_gather(mine, mirror::axis0), out);
+            });
+            for (int l = 0; l < R; ++l) {
+              CHECK(got.first[static_cast<std::size_t>(l)] == want);
+              CHECK(got.second[static_cast<std::size_t>(l)] == want);
+            }
           }
         }
       }

@@ -300,20 +300,20 @@ void group::impl::exchange_slot(agreement_slot& slot, bool carried, detail::elem
   }
 }
 
-bool group::impl::exchange_wide(job& j, std::int64_t key) {
-  const ReduceOp op = j.op == ReduceOp::mean ? ReduceOp::sum : j.op;
-  const std::size_t bytes = j.count * j.element.bytes;
-  log_post(post_agreement, 1, j.element.code(), static_cast<std::int64_t>(op));
+bool group::impl::exchange_direct(std::int64_t key, std::size_t bytes, detail::element_kind kind, ReduceOp op,
+                                  const char* what) {
+  log_post(post_agreement, 1, kind.code(), static_cast<std::int64_t>(op));
   unsigned char* const rows = rows_for_exchange();
   const std::int64_t keys[2] = {key, -key};
   unsigned char* const mine = rows + static_cast<std::size_t>(w) * direct_row_bytes;
   std::memcpy(mine, keys, sizeof keys);
-  std::memcpy(mine + sizeof keys, j.data, bytes);
+  // At least a slot's length: a worker making a slot's check reads that much of every message.
+  const std::size_t length = std::max(sizeof keys + bytes, sizeof(agreement_slot));
+  std::memset(mine + sizeof keys + bytes, 0, length - sizeof keys - bytes);
   std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
-  const int n = post_slots(rows, sizeof keys + bytes, true, j.element, op, requests.data(), j.what);
-  wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), j.what, exchange_rows);
-  // The keys as a slot's (MAX of each); a message from a worker that disagrees may be shorter,
-  // but is at least a slot, so its keys are there.
+  const int n = post_slots(rows, length, true, kind, op, requests.data(), what);
+  wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), what, exchange_rows);
+  // The keys as a slot's (MAX of each); every message, of any length, starts with its keys.
   std::int64_t agreed[2] = {key, -key};
   for (int p = 0; p < W; ++p) {
     std::int64_t theirs[2];
@@ -321,15 +321,77 @@ bool group::impl::exchange_wide(job& j, std::int64_t key) {
     agreed[0] = std::max(agreed[0], theirs[0]);
     agreed[1] = std::max(agreed[1], theirs[1]);
   }
-  if (agreed[0] != -agreed[1]) return false;
+  return agreed[0] == -agreed[1];
+}
+
+bool group::impl::exchange_wide(job& j, std::int64_t key) {
+  const ReduceOp op = j.op == ReduceOp::mean ? ReduceOp::sum : j.op;
+  unsigned char* const rows = rows_for_exchange();
+  std::memcpy(rows + static_cast<std::size_t>(w) * direct_row_bytes + direct_header_bytes, j.data,
+              j.count * j.element.bytes);
+  if (!exchange_direct(key, j.count * j.element.bytes, j.element, op, j.what)) return false;
   // Worker 0's elements, then each next worker's into them, as the slots fold: the same bits
   // on every worker. (Rows start 16-byte aligned: MPI's ops read whole elements.)
-  unsigned char* const into = rows + sizeof keys;
+  unsigned char* const into = rows + direct_header_bytes;
   const MPI_Datatype type = datatype_of(j.element);
   for (int p = 1; p < W; ++p) {
-    check(MPI_Reduce_local(rows + static_cast<std::size_t>(p) * direct_row_bytes + sizeof keys, into,
+    check(MPI_Reduce_local(rows + static_cast<std::size_t>(p) * direct_row_bytes + direct_header_bytes, into,
                            static_cast<int>(j.count), type, op_of(op, j.element)),
           "MPI_Reduce_local (agreement check)", j.what);
+  }
+  return true;
+}
+
+bool group::impl::exchange_counts_direct(job& j, std::int64_t key) {
+  // This worker's words, its block's length (none_carried where it offered none or it does not
+  // fit), then the block.
+  constexpr auto none_carried = static_cast<std::size_t>(-1);
+  const std::size_t words_bytes = (j.count + 1) * sizeof(std::int64_t);
+  const bool offered = j.block_bytes != detail::worker_group::no_block;
+  const bool fits = offered && j.block_bytes <= detail::worker_group::carried_block_max &&
+                    direct_header_bytes + words_bytes + j.block_bytes <= direct_row_bytes;
+  unsigned char* const rows = rows_for_exchange();
+  unsigned char* const mine = rows + static_cast<std::size_t>(w) * direct_row_bytes + direct_header_bytes;
+  const auto* words = static_cast<const std::size_t*>(j.data);
+  for (std::size_t i = 0; i < j.count; ++i) {
+    const auto word = static_cast<std::int64_t>(words[i]);
+    std::memcpy(mine + i * sizeof word, &word, sizeof word);
+  }
+  const auto length = static_cast<std::int64_t>(fits ? j.block_bytes : none_carried);
+  std::memcpy(mine + j.count * sizeof length, &length, sizeof length);
+  if (fits && j.block_bytes != 0) std::memcpy(mine + words_bytes, j.block, j.block_bytes);
+  if (!exchange_direct(key, words_bytes + (fits ? j.block_bytes : 0), int64_kind, ReduceOp::sum, j.what)) return false;
+  auto* all = static_cast<std::size_t*>(j.out);
+  const std::size_t Wn = static_cast<std::size_t>(W);
+  bool every_block = offered;
+  counts_blocks.at.assign(Wn, 0);
+  counts_blocks.room.assign(Wn, 0);
+  std::size_t total = 0;
+  for (std::size_t p = 0; p < Wn; ++p) {
+    const unsigned char* const theirs = rows + p * direct_row_bytes + direct_header_bytes;
+    for (std::size_t i = 0; i < j.count; ++i) {
+      std::int64_t word = 0;
+      std::memcpy(&word, theirs + i * sizeof word, sizeof word);
+      all[p * j.count + i] = static_cast<std::size_t>(word);
+    }
+    std::int64_t theirs_length = 0;
+    std::memcpy(&theirs_length, theirs + j.count * sizeof theirs_length, sizeof theirs_length);
+    // (A length past the row is none: every worker reads the same rows, so all decide alike.)
+    auto block_length = static_cast<std::size_t>(theirs_length);
+    if (block_length > direct_row_bytes - direct_header_bytes - words_bytes) block_length = none_carried;
+    every_block = every_block && block_length != none_carried;
+    if (block_length != none_carried) counts_blocks.room[p] = block_length;
+    counts_blocks.at[p] = total;
+    total += counts_blocks.room[p];
+  }
+  if (every_block) {
+    counts_blocks.bytes.resize(total);
+    for (std::size_t p = 0; p < Wn; ++p) {
+      if (counts_blocks.room[p] == 0) continue;
+      std::memcpy(counts_blocks.bytes.data() + counts_blocks.at[p],
+                  rows + p * direct_row_bytes + direct_header_bytes + words_bytes, counts_blocks.room[p]);
+    }
+    counts_blocks.valid = true;
   }
   return true;
 }
@@ -346,8 +408,12 @@ int group::impl::post_slots(unsigned char* rows, std::size_t bytes, bool carried
 }
 
 bool group::impl::carries(const job& j) const noexcept {
-  // An all-gather of counts is a sum of the workers' blocks, each zero but its owner's.
-  if (j.kind == job::counts) return j.count != 0 && j.count * static_cast<std::size_t>(W) * sizeof(std::int64_t) <= slot_payload_bytes;
+  // An all-gather of counts: in direct messages, each worker's words in its own message; in a
+  // slot, a sum of the workers' blocks of words, each zero but its owner's.
+  if (j.kind == job::counts) {
+    if (W <= direct_agreement) return j.count != 0 && direct_header_bytes + (j.count + 1) * sizeof(std::int64_t) <= direct_row_bytes;
+    return j.count != 0 && j.count * static_cast<std::size_t>(W) * sizeof(std::int64_t) <= slot_payload_bytes;
+  }
   if (j.kind != job::reduce && j.kind != job::scatter) return false;
   const std::size_t room = W <= direct_agreement ? wide_carry_max : slot_payload_bytes;
   if (j.count == 0 || j.count * j.element.bytes > room || datatype_of(j.element) == MPI_BYTE) return false;
@@ -497,12 +563,12 @@ bool group::impl::take_carried_blocks(void* leaf, const std::size_t* counts, std
   counts_blocks.valid = false;
   const std::size_t Wn = static_cast<std::size_t>(W);
   for (std::size_t p = 0; p < Wn; ++p) {
-    if (counts[p] * element_bytes > counts_blocks.region) return false;  // that worker's did not fit: it was not sent
+    if (counts[p] * element_bytes > counts_blocks.room[p]) return false;  // that worker's did not fit: it was not sent
   }
   auto* out = static_cast<unsigned char*>(leaf);
   for (std::size_t p = 0; p < Wn; ++p) {
     const std::size_t n = counts[p] * element_bytes;
-    if (n != 0 && p != static_cast<std::size_t>(w)) std::memcpy(out, counts_blocks.rows + p * counts_blocks.region, n);
+    if (n != 0 && p != static_cast<std::size_t>(w)) std::memcpy(out, counts_blocks.bytes.data() + counts_blocks.at[p], n);
     if (n != 0 && p == static_cast<std::size_t>(w) && own != nullptr) std::memcpy(out, own[0], n);
     out += n;
   }
@@ -542,9 +608,13 @@ void group::impl::agree(job& j, bool carried, bool keyed) {
       key = agreement_key(static_cast<std::uint64_t>(key), detail::shape_hash(j.sizes, n), j.num_sizes);
     }
   }
+  if (carried && j.kind == job::counts && W <= direct_agreement) {
+    if (!exchange_counts_direct(j, key)) describe_disagreement(j, element, what_kind, flag, call);
+    return;
+  }
   if (carried && carries_wide(j)) {
     if (exchange_wide(j, key)) {
-      const unsigned char* const result = exchange_rows.get() + 2 * sizeof(std::int64_t);
+      const unsigned char* const result = exchange_rows.get() + direct_header_bytes;
       if (j.kind == job::scatter) {
         keep_ranges(j, result);
       } else {
@@ -589,8 +659,11 @@ void group::impl::agree(job& j, bool carried, bool keyed) {
         all[i] = static_cast<std::size_t>(word);
       }
       if (j.block_bytes != detail::worker_group::no_block && region != 0) {
-        counts_blocks.region = region;
-        std::memcpy(counts_blocks.rows, own.payload + blocks_at, static_cast<std::size_t>(W) * region);
+        const std::size_t Wn = static_cast<std::size_t>(W);
+        counts_blocks.bytes.assign(own.payload + blocks_at, own.payload + blocks_at + Wn * region);
+        counts_blocks.at.resize(Wn);
+        for (std::size_t p = 0; p < Wn; ++p) counts_blocks.at[p] = p * region;
+        counts_blocks.room.assign(Wn, region);
         counts_blocks.valid = true;
       }
     } else if (carried_bytes != 0) {

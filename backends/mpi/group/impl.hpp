@@ -515,13 +515,15 @@ struct group::impl {
   }
 
   /// The blocks the last counts job carried (agree()), for the all-gather right after it:
-  /// worker p's at rows + p * region, where it fits (its bytes at most `region`; every worker
-  /// that offered a block put it there by the same rule). Written by whichever thread executed
-  /// the counts job, before its `done`; read and cleared on the caller's thread.
+  /// worker p's at bytes + at[p], where it came: where its bytes are at most room[p] (in a
+  /// slot, every worker's region, which each worker's block filled where it fitted; in a
+  /// direct check, the length of the block its message held, 0 where none). Written by
+  /// whichever thread executed the counts job, before its `done`; read and cleared on the
+  /// caller's thread.
   struct carried_blocks {
     bool valid = false;
-    std::size_t region = 0;
-    unsigned char rows[slot_payload_bytes];
+    std::vector<unsigned char> bytes;
+    std::vector<std::size_t> at, room;
   } counts_blocks;
   /// The rows every agreement exchange receives into (exchange_bytes()), kept from one exchange
   /// to the next rather than allocated per call (4 KiB per worker). Used by
@@ -677,7 +679,8 @@ struct group::impl {
   /// Open MPI's shared-memory transport (4 KiB with its headers: 4040 bytes of a message went
   /// eagerly, 4048 did not): a larger message waits for its receiver's reply, and one wide
   /// message of 4 KiB took longer than the check and MPI_Iallreduce it replaces.
-  static constexpr std::size_t direct_row_bytes = 2 * sizeof(std::int64_t) + wide_carry_max;
+  static constexpr std::size_t direct_header_bytes = 2 * sizeof(std::int64_t);  // the keys, before a payload
+  static constexpr std::size_t direct_row_bytes = direct_header_bytes + wide_carry_max;
   static_assert(direct_row_bytes % alignof(agreement_slot) == 0 && direct_row_bytes >= sizeof(agreement_slot));
 
   /// The bytes one agreement exchange receives into: W rows of direct_row_bytes where it is
@@ -699,10 +702,19 @@ struct group::impl {
   bool carries_wide(const job& j) const noexcept {
     return (j.kind == job::reduce || j.kind == job::scatter) && j.count * j.element.bytes > slot_payload_bytes;
   }
-  /// A wide check of `j` under `key`: every worker's keys and elements, one message from each to
-  /// each, folded in worker order. Returns whether the keys agree, and then the reduction's
-  /// result (j.count elements) is at exchange_rows + 16, until the next exchange.
+  /// A direct check whose message is this worker's keys and `bytes` of payload, already at
+  /// exchange_rows' row w + direct_header_bytes (rows_for_exchange()): one message from each
+  /// worker to each, every worker's in its row. Returns whether the keys agree. (`kind`, `op`:
+  /// what the recovery's log records.)
+  bool exchange_direct(std::int64_t key, std::size_t bytes, detail::element_kind kind, ReduceOp op, const char* what);
+  /// A wide check of `j` under `key` (exchange_direct of its elements), folded in worker order.
+  /// Returns whether the keys agree, and then the reduction's result (j.count elements) is at
+  /// exchange_rows + direct_header_bytes, until the next exchange.
   bool exchange_wide(job& j, std::int64_t key);
+  /// A counts job's check as a direct one: each worker's words, then its all-gather block
+  /// where it offered one and the message has room for it (its length in the word after the
+  /// words), into j.out and counts_blocks. Returns whether the keys agree.
+  bool exchange_counts_direct(job& j, std::int64_t key);
 
   /// Whether job `j`'s agreement check carries its data: an all-reduce, or a reduce-scatter
   /// (an all-reduce of which the worker keeps its ranges), of at most slot_payload_bytes (up
