@@ -720,8 +720,9 @@ struct group::impl {
   /// (an all-reduce of which the worker keeps its ranges), of at most slot_payload_bytes (up
   /// to wide_carry_max where the check is direct messages), of a
   /// kind MPI has, unless it must fold in worker order and the check does not (MPI_Iallreduce,
-  /// over more than two workers); or an all-gather of counts whose W blocks fit (a sum of blocks,
-  /// each zero but on its owner). Every worker decides alike where the checks agree: the key
+  /// over more than two workers); or an all-gather of counts whose words fit (direct: each
+  /// worker's in its own message; in a slot: W blocks of words, summed, each zero but on its
+  /// owner). Every worker decides alike where the checks agree: the key
   /// covers all of it.
   bool carries(const job& j) const noexcept;
 
