@@ -151,11 +151,8 @@ void group::impl::reduce_in_worker_order(job& j) {
         "MPI_Ialltoallv (in worker order)", j.what);
   wait_keeping(request, j.what, rows);
   const std::size_t row = static_cast<std::size_t>(mine) * bytes;
-  for (int p = 1; p < W; ++p) {
-    check(MPI_Reduce_local(rows.get() + static_cast<std::size_t>(p) * row, rows.get(), mine, type,
-                           op_of(j.op, j.element)),
-          "MPI_Reduce_local (in worker order)", j.what);
-  }
+  fold_rows(rows.get(), row, static_cast<std::size_t>(mine), j.element, j.op, "MPI_Reduce_local (in worker order)",
+            j.what);
   if (row != 0) {
     std::memcpy(static_cast<unsigned char*>(j.data) + static_cast<std::size_t>(displs[static_cast<std::size_t>(w)]) * bytes,
                 rows.get(), row);
@@ -165,6 +162,17 @@ void group::impl::reduce_in_worker_order(job& j) {
                         &request),
         "MPI_Iallgatherv (in worker order)", j.what);
   wait(request, j.what);
+}
+
+void group::impl::fold_rows(unsigned char* first, std::size_t stride, std::size_t count, detail::element_kind kind,
+                            ReduceOp op, const char* call, const char* what) const {
+  if (count == 0) return;
+  const MPI_Datatype type = datatype_of(kind);
+  for (int p = 1; p < W; ++p) {
+    check(MPI_Reduce_local(first + static_cast<std::size_t>(p) * stride, first, static_cast<int>(count), type,
+                           op_of(op, kind)),
+          call, what);
+  }
 }
 
 void group::impl::sync(job& j) {
@@ -255,11 +263,7 @@ void group::impl::scatter(job& j) {
     if (packed) keep_until_exit(packed);
     throw;
   }
-  const std::size_t row = block * bytes;
-  for (std::size_t p = 1; p < Wn && mine != 0; ++p) {
-    check(MPI_Reduce_local(rows.get() + p * row, rows.get(), static_cast<int>(mine), type, op_of(j.op, j.element)),
-          "MPI_Reduce_local (reduce-scatter)", j.what);
-  }
+  fold_rows(rows.get(), block * bytes, mine, j.element, j.op, "MPI_Reduce_local (reduce-scatter)", j.what);
   if (mine != 0) std::memmove(out, rows.get(), mine * bytes);
 }
 
@@ -330,15 +334,9 @@ bool group::impl::exchange_wide(job& j, std::int64_t key) {
   std::memcpy(rows + static_cast<std::size_t>(w) * direct_row_bytes + direct_header_bytes, j.data,
               j.count * j.element.bytes);
   if (!exchange_direct(key, j.count * j.element.bytes, j.element, op, j.what)) return false;
-  // Worker 0's elements, then each next worker's into them, as the slots fold: the same bits
-  // on every worker. (Rows start 16-byte aligned: MPI's ops read whole elements.)
-  unsigned char* const into = rows + direct_header_bytes;
-  const MPI_Datatype type = datatype_of(j.element);
-  for (int p = 1; p < W; ++p) {
-    check(MPI_Reduce_local(rows + static_cast<std::size_t>(p) * direct_row_bytes + direct_header_bytes, into,
-                           static_cast<int>(j.count), type, op_of(op, j.element)),
-          "MPI_Reduce_local (agreement check)", j.what);
-  }
+  // As the slots fold. (Rows start 16-byte aligned: MPI's ops read whole elements.)
+  fold_rows(rows + direct_header_bytes, direct_row_bytes, j.count, j.element, op, "MPI_Reduce_local (agreement check)",
+            j.what);
   return true;
 }
 

@@ -707,6 +707,12 @@ struct group::impl {
   /// worker to each, every worker's in its row. Returns whether the keys agree. (`kind`, `op`:
   /// what the recovery's log records.)
   bool exchange_direct(std::int64_t key, std::size_t bytes, detail::element_kind kind, ReduceOp op, const char* what);
+  /// Folds W rows of `count` elements of `kind`, `stride` bytes apart from `first`, into the
+  /// first in worker order (row 0, then row p op it for p = 1 .. W-1, with op_of(op, kind)):
+  /// every worker that folds the same rows gets the same bits. `call` names the MPI call in an
+  /// error.
+  void fold_rows(unsigned char* first, std::size_t stride, std::size_t count, detail::element_kind kind, ReduceOp op,
+                 const char* call, const char* what) const;
   /// A wide check of `j` under `key` (exchange_direct of its elements), folded in worker order.
   /// Returns whether the keys agree, and then the reduction's result (j.count elements) is at
   /// exchange_rows + direct_header_bytes, until the next exchange.
