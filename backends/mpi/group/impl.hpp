@@ -676,9 +676,9 @@ struct group::impl {
   /// this many bytes: workers that disagree, one sending a wide check and another a slot, then
   /// still complete the exchange and report the mismatch alike (MPI fails a receive shorter than
   /// its message, on that worker only). The size keeps a wide check below the eager limit of
-  /// Open MPI's shared-memory transport (4 KiB with its headers: 4040 bytes of a message went
-  /// eagerly, 4048 did not): a larger message waits for its receiver's reply, and one wide
-  /// message of 4 KiB took longer than the check and MPI_Iallreduce it replaces.
+  /// Open MPI's shared-memory transport (4 KiB with its headers): a larger message waits for
+  /// its receiver's reply, which costs more than the second round it saves
+  /// (docs/multi-worker.md#small-messages).
   static constexpr std::size_t direct_header_bytes = 2 * sizeof(std::int64_t);  // the keys, before a payload
   static constexpr std::size_t direct_row_bytes = direct_header_bytes + wide_carry_max;
   static_assert(direct_row_bytes % alignof(agreement_slot) == 0 && direct_row_bytes >= sizeof(agreement_slot));
