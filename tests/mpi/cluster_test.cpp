@@ -181,7 +181,9 @@ TEMPLATE_TEST_CASE("cluster conformance: all_reduce equals a serial loop over th
 
 // The agreement check's message carries up to 112 bytes of a reduction's elements
 // (backends/mpi/group/agreement_slot.hpp), and up to 4016 bytes where it is direct messages (a
-// wide check, up to 8 workers: group/impl.hpp): the counts around both edges take each path. Inputs
+// wide check, up to 8 workers: group/impl.hpp); beyond that, up to 4016 bytes of each worker's
+// cut (a check of cuts, then an all-gather of the folded cuts): the counts around every edge take
+// each path. Inputs
 // are chosen so that every order gives the same bits (the order is the next cases'), and narrow
 // or unsigned integers wrap around: Open MPI 4.1's own sums of 1- and 2-byte integers saturate on
 // AVX-512 hosts, which mirror must not inherit (this case fails there with MPI_SUM).
@@ -199,7 +201,8 @@ TEMPLATE_TEST_CASE("cluster: small reductions in the agreement check's message e
     for (const int R : {1, 2}) {
       const int N = W * R;
       Strategy s{Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30), .validate_shapes = validate}};
-      for (const std::size_t n : {std::size_t{1}, slot - 1, slot, slot + 1, wide - 1, wide, wide + 1}) {
+      const std::size_t cuts = static_cast<std::size_t>(W) * wide;  // the largest all-reduce in cuts
+      for (const std::size_t n : {std::size_t{1}, slot - 1, slot, slot + 1, wide - 1, wide, wide + 1, cuts, cuts + 1}) {
         for (const auto op : mirror::test::all_ops) {
           CAPTURE(validate, R, n, mirror::to_string(op));
           std::vector<std::vector<T>> inputs(static_cast<std::size_t>(N), std::vector<T>(n));
@@ -769,15 +772,18 @@ TEST_CASE("cluster: mismatched shapes across workers are a shape_error on every 
   CHECK(v.primary() == std::vector<float>(10, float(s.num_replicas_in_sync())));
 }
 
-TEST_CASE("cluster: a wide agreement check against a slot, a two-round all-reduce or another wide one is a "
-          "shape_error on every worker",
+TEST_CASE("cluster: a wide agreement check against a slot, a check of cuts, a two-round all-reduce or another wide "
+          "one is a shape_error on every worker",
           "[mpi][mismatch]") {
   // 1000 floats (4000 bytes) ride in the check as one message of their own size; 10 in the fixed
-  // slot; 5000 take the check and MPI_Iallreduce. Each pairing must still find the keys unequal
-  // on every worker, and leave the next exchange's messages unmixed.
+  // slot; 1500 (6000 bytes) in cuts, each worker's cut in its own message; 5000 take the check
+  // and MPI_Iallreduce. Each pairing must still find the keys unequal on every worker, and leave
+  // the next exchange's messages unmixed.
   const int w = world_rank();
   Strategy& s = strategy_with(2);
-  const std::size_t cases[][2] = {{1000, 10}, {10, 1000}, {1000, 5000}, {5000, 1000}, {1000, 999}};  // worker 0's, the others'
+  const std::size_t cases[][2] = {{1000, 10},   {10, 1000},   {1000, 5000}, {5000, 1000}, {1000, 999},
+                                  {1500, 1000}, {1000, 1500}, {1500, 10},   {1500, 5000}, {5000, 1500},
+                                  {1500, 1501}};  // worker 0's, the others'
   for (const auto& c : cases) {
     const std::size_t mine = c[w == 0 ? 0 : 1];
     CAPTURE(c[0], c[1]);

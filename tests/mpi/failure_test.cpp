@@ -69,7 +69,7 @@ void alternate(Strategy& s, int rounds) {
   const int R = s.num_local_replicas(), N = W * R;
   for (int round = 0; round < rounds; ++round) {
     const int thrower = (round * 3 + 1) % N;
-    const int where = round % 6;  // throws after `where` collectives
+    const int where = round % 8;  // throws after `where` collectives
     CAPTURE(round, thrower, where);
     const std::string text = "round " + std::to_string(round) + " failed";
     bool threw = false;
@@ -90,6 +90,11 @@ void alternate(Strategy& s, int rounds) {
         step(4);
         ctx.all_reduce(ReduceOp::sum, std::vector<float>(700, 1.0f));  // 2800 B: the check's wide message
         step(5);
+        // 6000 B: in cuts (a check carrying each worker's cut, then an all-gather of the folds)
+        ctx.all_reduce(ReduceOp::sum, std::vector<float>(1500, 1.0f));
+        step(6);
+        ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(1500, float(g)));  // in cuts: one round
+        step(7);
       });
     } catch (const mirror::replica_error& e) {
       threw = true;
@@ -98,9 +103,10 @@ void alternate(Strategy& s, int rounds) {
     }
     // Every worker still has a collective to make after the throw, except after the last one:
     // then only the thrower's own worker notices.
-    REQUIRE(threw == (where < 5 || w == thrower / R));
-    // Every other round small enough for the check's wide message.
-    const std::size_t length = (round % 2 == 0 ? 1000 : 200) + static_cast<std::size_t>(round);
+    REQUIRE(threw == (where < 7 || w == thrower / R));
+    // Lengths that take each path in turn: 8 KB and more (in cuts at 3 workers, two rounds at 2
+    // from round 5), the check's wide message, in cuts.
+    const std::size_t length = (round % 3 == 0 ? 1000 : round % 3 == 1 ? 200 : 700) + static_cast<std::size_t>(round);
     const auto out = s.run([&](auto& ctx) {
       const int g = ctx.replica_id_in_sync_group();
       return std::pair{ctx.all_reduce(ReduceOp::sum, std::vector<double>(length, g + round)), ctx.all_reduce(ReduceOp::max, g)};
@@ -124,7 +130,8 @@ TEST_CASE("failure: failing and clean runs alternate 100 times; every clean run 
   // next run works on every worker. Each round a different global replica throws, at a different
   // point of fn: before any collective (the others' posts of the first one are left unmatched),
   // between collectives (a large all_reduce on the ring algorithm, a scalar one, a broadcast, a
-  // max, one in the check's wide message), or after the last one (only its own worker notices). The clean run after it and a reduce
+  // max, one in the check's wide message, an all-reduce and a reduce-scatter in cuts), or after
+  // the last one (only its own worker notices). The clean run after it and a reduce
   // outside run check the sums; a worker that paired a new collective with a stale one would get
   // another worker's old data, a shape_error, or hang (the launch's limit ends that: the timeout is
   // far beyond it, so no recovery can pass by waiting for it).

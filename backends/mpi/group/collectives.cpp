@@ -191,10 +191,9 @@ void group::impl::worker_ranges(const std::size_t* sizes, std::size_t K, std::ve
   count.assign(K * static_cast<std::size_t>(W), 0);
   for (std::size_t k = 0; k < K; ++k) {
     for (int p = 0; p < W; ++p) {
-      const std::size_t lo = backend::cut_of(sizes[k], W * R, p * R).first;
-      const std::size_t hi = p + 1 == W ? sizes[k] : backend::cut_of(sizes[k], W * R, (p + 1) * R).first;
+      const auto [lo, n] = worker_range(sizes[k], p);
       first[k * static_cast<std::size_t>(W) + static_cast<std::size_t>(p)] = lo;
-      count[k * static_cast<std::size_t>(W) + static_cast<std::size_t>(p)] = hi - lo;
+      count[k * static_cast<std::size_t>(W) + static_cast<std::size_t>(p)] = n;
     }
   }
 }
@@ -207,8 +206,7 @@ void group::impl::scatter(job& j) {
   const auto* in = static_cast<const unsigned char*>(j.data);
   auto* out = static_cast<unsigned char*>(j.out);
   const MPI_Datatype type = datatype_of(j.element);
-  const bool by_worker = j.in_worker_order || W == 2 || !j.element.is_floating();
-  if (!by_worker) {
+  if (!scatter_by_worker(j)) {
     auto whole = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, j.count * bytes));
     if (j.count != 0) std::memcpy(whole.get(), in, j.count * bytes);
     log_post(post_allreduce, j.count, j.element.code(), static_cast<std::int64_t>(j.op));
@@ -317,6 +315,10 @@ bool group::impl::exchange_direct(std::int64_t key, std::size_t bytes, detail::e
   std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
   const int n = post_slots(rows, length, true, kind, op, requests.data(), what);
   wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), what, exchange_rows);
+  return keys_agree(rows, key);
+}
+
+bool group::impl::keys_agree(const unsigned char* rows, std::int64_t key) const noexcept {
   // The keys as a slot's (MAX of each); every message, of any length, starts with its keys.
   std::int64_t agreed[2] = {key, -key};
   for (int p = 0; p < W; ++p) {
@@ -326,6 +328,70 @@ bool group::impl::exchange_direct(std::int64_t key, std::size_t bytes, detail::e
     agreed[1] = std::max(agreed[1], theirs[1]);
   }
   return agreed[0] == -agreed[1];
+}
+
+bool group::impl::exchange_cuts(job& j, std::int64_t key) {
+  const ReduceOp op = j.op == ReduceOp::mean ? ReduceOp::sum : j.op;
+  const std::size_t bytes = j.element.bytes;
+  unsigned char* const rows = rows_for_exchange();
+  unsigned char* const outbox = rows + exchange_bytes();
+  const auto* in = static_cast<const unsigned char*>(j.data);
+  const std::int64_t keys[2] = {key, -key};
+  // Worker p's message in the outbox's row p; this worker's own cut straight into its row w of
+  // the rows the others' arrive in.
+  const auto message = [&](int p) {
+    return (p == w ? rows : outbox) + static_cast<std::size_t>(p) * direct_row_bytes;
+  };
+  std::array<std::size_t, direct_agreement_max> filled{};
+  std::size_t length = sizeof(agreement_slot);  // at least a slot's (exchange_direct says why)
+  for (int p = 0; p < W; ++p) {
+    unsigned char* const to = message(p);
+    std::memcpy(to, keys, sizeof keys);
+    std::size_t pos = direct_header_bytes;
+    visit_cut(j, p, [&](std::size_t at, std::size_t count) {
+      if (count != 0) std::memcpy(to + pos, in + at * bytes, count * bytes);
+      pos += count * bytes;
+    });
+    filled[static_cast<std::size_t>(p)] = pos;
+    length = std::max(length, pos);
+  }
+  // One length for every message (the largest cut's), the rest zeros: no uninitialised byte
+  // goes out, and a worker that posts the check's match in a recovery needs only the one size.
+  for (int p = 0; p < W; ++p) {
+    std::memset(message(p) + filled[static_cast<std::size_t>(p)], 0, length - filled[static_cast<std::size_t>(p)]);
+  }
+  log_post(post_agreement, 1, j.element.code(), static_cast<std::int64_t>(op));
+  std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
+  const int n = post_blocks(rows, outbox, length, tag_agreement, requests.data(), j.what, direct_row_bytes,
+                            direct_row_bytes);
+  wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), j.what, exchange_rows);
+  if (!keys_agree(rows, key)) return false;
+  const std::size_t mine = (filled[static_cast<std::size_t>(w)] - direct_header_bytes) / bytes;
+  fold_rows(rows + direct_header_bytes, direct_row_bytes, mine, j.element, op, "MPI_Reduce_local (agreement check)",
+            j.what);
+  return true;
+}
+
+void group::impl::gather_cuts(job& j) {
+  const std::size_t bytes = j.element.bytes;
+  unsigned char* const rows = exchange_rows.get();
+  unsigned char* const outbox = rows + exchange_bytes();
+  auto* out = static_cast<unsigned char*>(j.data);
+  // Every message the largest cut's length (cut 0's), from row 0, where the fold left this
+  // worker's cut: what a worker that posts its match in a recovery sends (post_gather_messages).
+  const std::size_t block = backend::cut_of(j.count, W, 0).second * bytes;
+  log_post(post_gather_messages, block, 0, 0);
+  std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
+  const int n = post_blocks(outbox, rows + direct_header_bytes, block, tag_gather, requests.data(), j.what,
+                            direct_row_bytes);
+  const auto [first, count] = backend::cut_of(j.count, W, w);
+  if (count != 0) std::memcpy(out + first * bytes, rows + direct_header_bytes, count * bytes);
+  wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), j.what, exchange_rows);
+  for (int p = 0; p < W; ++p) {
+    if (p == w) continue;
+    const auto [at, theirs] = backend::cut_of(j.count, W, p);
+    if (theirs != 0) std::memcpy(out + at * bytes, outbox + static_cast<std::size_t>(p) * direct_row_bytes, theirs * bytes);
+  }
 }
 
 bool group::impl::exchange_wide(job& j, std::int64_t key) {
@@ -413,14 +479,26 @@ bool group::impl::carries(const job& j) const noexcept {
     return j.count != 0 && j.count * static_cast<std::size_t>(W) * sizeof(std::int64_t) <= slot_payload_bytes;
   }
   if (j.kind != job::reduce && j.kind != job::scatter) return false;
+  if (carries_cuts(j)) return true;
   const std::size_t room = W <= direct_agreement ? wide_carry_max : slot_payload_bytes;
   if (j.count == 0 || j.count * j.element.bytes > room || datatype_of(j.element) == MPI_BYTE) return false;
   // A direct check folds in worker order; MPI_Iallreduce in its own, which two operands share.
   return !j.in_worker_order || W <= direct_agreement || W == 2;
 }
 
+bool group::impl::carries_cuts(const job& j) const noexcept {
+  if (j.kind == job::reduce) return reduction_in_cuts(j.count, j.element);
+  if (j.kind != job::scatter || W < 2 || W > direct_agreement || j.count * j.element.bytes <= wide_carry_max ||
+      datatype_of(j.element) == MPI_BYTE || !scatter_by_worker(j)) {
+    return false;
+  }
+  std::size_t largest = 0;
+  for (int p = 0; p < W; ++p) largest = std::max(largest, visit_cut(j, p, [](std::size_t, std::size_t) {}));
+  return largest * j.element.bytes <= wide_carry_max;
+}
+
 int group::impl::post_blocks(void* rows, const void* mine, std::size_t block, int tag, MPI_Request* requests,
-                             const char* what, std::size_t capacity) {
+                             const char* what, std::size_t capacity, std::size_t send_stride) {
   if (capacity == 0) capacity = block;
   int n = 0;
   for (int p = 0; p < W; ++p) {
@@ -431,7 +509,9 @@ int group::impl::post_blocks(void* rows, const void* mine, std::size_t block, in
   }
   for (int p = 0; p < W; ++p) {
     if (p == w) continue;
-    check(MPI_Isend(mine, static_cast<int>(block), MPI_BYTE, p, tag, data, &requests[n++]), "MPI_Isend", what);
+    check(MPI_Isend(static_cast<const unsigned char*>(mine) + static_cast<std::size_t>(p) * send_stride,
+                    static_cast<int>(block), MPI_BYTE, p, tag, data, &requests[n++]),
+          "MPI_Isend", what);
   }
   return n;
 }
@@ -609,6 +689,18 @@ void group::impl::agree(job& j, bool carried, bool keyed) {
   if (carried && j.kind == job::counts && W <= direct_agreement) {
     if (!exchange_counts_direct(j, key)) describe_disagreement(j, element, what_kind, flag, call);
     return;
+  }
+  if (carried && carries_cuts(j)) {
+    if (exchange_cuts(j, key)) {
+      if (j.kind == job::scatter) {
+        const std::size_t mine = visit_cut(j, w, [](std::size_t, std::size_t) {});
+        if (mine != 0) std::memcpy(j.out, exchange_rows.get() + direct_header_bytes, mine * j.element.bytes);
+      } else {
+        gather_cuts(j);
+      }
+      return;
+    }
+    describe_disagreement(j, element, what_kind, flag, call);
   }
   if (carried && carries_wide(j)) {
     if (exchange_wide(j, key)) {

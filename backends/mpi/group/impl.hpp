@@ -526,12 +526,17 @@ struct group::impl {
     std::vector<std::size_t> at, room;
   } counts_blocks;
   /// The rows every agreement exchange receives into (exchange_bytes()), kept from one exchange
-  /// to the next rather than allocated per call (4 KiB per worker). Used by
-  /// whichever thread executes jobs; given up (keep_until_exit) with an exchange that is, and
-  /// then made anew.
+  /// to the next rather than allocated per call (4 KiB per worker); where the check is direct
+  /// messages, as many again follow, the outbox: a check of cuts sends worker p the message in
+  /// its row p there (exchange_cuts), and the all-gather after it receives into it
+  /// (gather_cuts). Used by whichever thread executes jobs; given up (keep_until_exit) with an
+  /// exchange that is, and then made anew.
   std::unique_ptr<unsigned char[]> exchange_rows;
   unsigned char* rows_for_exchange() {
-    if (exchange_rows == nullptr) exchange_rows = std::make_unique_for_overwrite<unsigned char[]>(exchange_bytes());
+    if (exchange_rows == nullptr) {
+      const std::size_t outbox = W <= direct_agreement ? exchange_bytes() : 0;
+      exchange_rows = std::make_unique_for_overwrite<unsigned char[]>(exchange_bytes() + outbox);
+    }
     return exchange_rows.get();
   }
   /// The bytes per worker a counts job of `words` words per worker leaves in its slot, where it
@@ -594,6 +599,12 @@ struct group::impl {
   /// global replicas: the cuts of its replicas p*R .. p*R+R-1, [first[k*W+p], first + count).
   void worker_ranges(const std::size_t* sizes, std::size_t K, std::vector<std::size_t>& first,
                      std::vector<std::size_t>& count) const;
+  /// Worker p's range of a leaf of `size` elements: {first, count}.
+  std::pair<std::size_t, std::size_t> worker_range(std::size_t size, int p) const noexcept {
+    const std::size_t lo = backend::cut_of(size, W * R, p * R).first;
+    const std::size_t hi = p + 1 == W ? size : backend::cut_of(size, W * R, (p + 1) * R).first;
+    return {lo, hi - lo};
+  }
 
   /// A reduce-scatter with the bits of the all-reduce (worker_group::reduce_scatter). Where the
   /// all-reduce folds in worker order, or where any order gives the same bits (integers; two
@@ -605,6 +616,13 @@ struct group::impl {
   /// more) only the all-reduce itself gives its bits: the same MPI_Iallreduce of the whole
   /// buffer, of which the worker keeps its range.
   void scatter(job& j);
+  /// Whether reduce-scatter `j` gets the all-reduce's bits by a fold in worker order: where the
+  /// all-reduce folds so (in_worker_order, or its count goes in cuts: reduction_in_cuts) or
+  /// where any order gives the same bits (integers; two workers). Otherwise only MPI_Iallreduce
+  /// of the whole buffer gives them.
+  bool scatter_by_worker(const job& j) const noexcept {
+    return j.in_worker_order || W == 2 || !j.element.is_floating() || reduction_in_cuts(j.count, j.element);
+  }
 
   /// worker_group::all_gather: one MPI_Iallgather of blocks of the largest worker's bytes
   /// (a worker that never posted it can post its match from that one number), in place when
@@ -640,7 +658,8 @@ struct group::impl {
   /// equal on every worker: runs are collective, and a disagreement realigns them (resync_phase).
   /// With `carried`, `j`'s elements ride in the check's slot (carries()) and the check is the
   /// whole collective: on agreement they are the reduction's result (all_reduce: in `j.data`;
-  /// reduce-scatter: this worker's ranges in `j.out`). Without `keyed` (no check to make: it was
+  /// reduce-scatter: this worker's ranges in `j.out`); where they go in cuts (carries_cuts()),
+  /// an all-reduce then gathers the folded cuts (gather_cuts). Without `keyed` (no check to make: it was
   /// made before, or Cluster{.validate_shapes = false}) the keys are zero, so only the data moves.
   void agree(job& j, bool carried = false, bool keyed = true);
 
@@ -657,10 +676,10 @@ struct group::impl {
 
   /// Posts one round of messages: `mine` (`block` bytes) to every other worker, and worker p's
   /// into `rows + p * capacity` (at most `capacity` bytes, `block` where 0: a shorter message
-  /// is received whole) for each other p, on `tag`. Returns how many requests it wrote
-  /// (2 (W - 1)).
+  /// is received whole) for each other p, on `tag`. With a `send_stride`, worker p is sent its
+  /// own message, at `mine + p * send_stride`. Returns how many requests it wrote (2 (W - 1)).
   int post_blocks(void* rows, const void* mine, std::size_t block, int tag, MPI_Request* requests, const char* what,
-                  std::size_t capacity = 0);
+                  std::size_t capacity = 0, std::size_t send_stride = 0);
 
   /// The agreement check's exchange: every worker's `slot` (keys and payload filled in) combined
   /// as agreement_combiner(carried, kind, op) says, into `slot`, the same bits on every worker:
@@ -693,7 +712,8 @@ struct group::impl {
   /// agreement_combiner(carried, kind, op) says): this worker's message (`bytes`, a slot or a
   /// wide check, at row w) to every other worker and worker p's into row p, or MPI_Iallreduce of
   /// the slot at rows. Returns how many requests it wrote (at most 2 (W - 1)). exchange_slot,
-  /// exchange_wide and the recovery's stand-ins post through it, so all match.
+  /// exchange_wide and the recovery's stand-ins post through it, so all match; exchange_cuts
+  /// posts the same receives, and a message of its own to each worker, on the same tag.
   int post_slots(unsigned char* rows, std::size_t bytes, bool carried, detail::element_kind kind, ReduceOp op,
                  MPI_Request* requests, const char* what);
 
@@ -702,11 +722,56 @@ struct group::impl {
   bool carries_wide(const job& j) const noexcept {
     return (j.kind == job::reduce || j.kind == job::scatter) && j.count * j.element.bytes > slot_payload_bytes;
   }
+  /// Whether an all-reduce of `count` elements of `kind` too large for a wide check goes in cuts
+  /// (exchange_cuts): up to `direct_agreement` workers, where every worker's cut (backend::cut_of
+  /// over W) fits a message of direct_row_bytes with the keys. Its elements then fold in worker
+  /// order, as in a wide check, whatever the element type. A reduce-scatter of the same count
+  /// must give these bits, so it decides by the same rule (scatter(), carries()).
+  bool reduction_in_cuts(std::size_t count, detail::element_kind kind) const noexcept {
+    const std::size_t largest = (count + static_cast<std::size_t>(W) - 1) / static_cast<std::size_t>(W);
+    return W > 1 && W <= direct_agreement && count * kind.bytes > wide_carry_max &&
+           largest * kind.bytes <= wide_carry_max && datatype_of(kind) != MPI_BYTE;
+  }
+  /// The elements job `j` sends worker p in a check of cuts: for an all-reduce its cut of j.data
+  /// (backend::cut_of over W), for a reduce-scatter p's range of each leaf (worker_ranges), in
+  /// leaf order: `visit(offset, count)` per piece, offsets into j.data, in elements. Returns the
+  /// sum of the counts.
+  template <class Visit>
+  std::size_t visit_cut(const job& j, int p, Visit&& visit) const {
+    if (j.kind == job::reduce) {
+      const auto [first, count] = backend::cut_of(j.count, W, p);
+      visit(first, count);
+      return count;
+    }
+    std::size_t at = 0, total = 0;
+    for (std::size_t k = 0; k < j.num_sizes; ++k) {
+      const auto [first, count] = worker_range(j.sizes[k], p);
+      visit(at + first, count);
+      total += count;
+      at += j.sizes[k];
+    }
+    return total;
+  }
+  /// Whether job `j`, where its check carries it, goes as a check of cuts (exchange_cuts): an
+  /// all-reduce of reduction_in_cuts; or a reduce-scatter too large for a wide check whose
+  /// ranges fit the messages and whose all-reduce folds in worker order too (scatter_by_worker).
+  bool carries_cuts(const job& j) const noexcept;
+  /// A check of cuts under `key`: each worker sends each other its elements of that worker's cut
+  /// (visit_cut), after the two keys, in one message; each folds the W messages it holds in
+  /// worker order (its own cut included). One round of messages for the check and a
+  /// reduce-scatter. Returns whether the keys agree, and then this worker's folded cut (its
+  /// count of elements) is at exchange_rows + direct_header_bytes, until the next exchange.
+  bool exchange_cuts(job& j, std::int64_t key);
+  /// An all-reduce's second round after exchange_cuts: every worker's folded cut to every other
+  /// (post_blocks, tag_gather), each into its place in j.data.
+  void gather_cuts(job& j);
   /// A direct check whose message is this worker's keys and `bytes` of payload, already at
   /// exchange_rows' row w + direct_header_bytes (rows_for_exchange()): one message from each
   /// worker to each, every worker's in its row. Returns whether the keys agree. (`kind`, `op`:
   /// what the recovery's log records.)
   bool exchange_direct(std::int64_t key, std::size_t bytes, detail::element_kind kind, ReduceOp op, const char* what);
+  /// Whether every message of a direct check, in its row of `rows`, carries keys equal to `key`.
+  bool keys_agree(const unsigned char* rows, std::int64_t key) const noexcept;
   /// Folds W rows of `count` elements of `kind`, `stride` bytes apart from `first`, into the
   /// first in worker order (row 0, then row p op it for p = 1 .. W-1, with op_of(op, kind)):
   /// every worker that folds the same rows gets the same bits. `call` names the MPI call in an
@@ -724,7 +789,8 @@ struct group::impl {
 
   /// Whether job `j`'s agreement check carries its data: an all-reduce, or a reduce-scatter
   /// (an all-reduce of which the worker keeps its ranges), of at most slot_payload_bytes (up
-  /// to wide_carry_max where the check is direct messages), of a
+  /// to wide_carry_max where the check is direct messages, and beyond that in cuts where
+  /// carries_cuts()), of a
   /// kind MPI has, unless it must fold in worker order and the check does not (MPI_Iallreduce,
   /// over more than two workers); or an all-gather of counts whose words fit (direct: each
   /// worker's in its own message; in a slot: W blocks of words, summed, each zero but on its
