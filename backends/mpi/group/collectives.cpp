@@ -355,8 +355,8 @@ bool group::impl::exchange_cuts(job& j, std::int64_t key) {
     filled[static_cast<std::size_t>(p)] = pos;
     length = std::max(length, pos);
   }
-  // One length for every message (the largest cut's), the rest zeros: no uninitialised byte
-  // goes out, and a worker that posts the check's match in a recovery needs only the one size.
+  // One length for every message (the largest cut's: post_blocks sends one), the rest zeros, so
+  // that no uninitialised byte goes out.
   for (int p = 0; p < W; ++p) {
     std::memset(message(p) + filled[static_cast<std::size_t>(p)], 0, length - filled[static_cast<std::size_t>(p)]);
   }
