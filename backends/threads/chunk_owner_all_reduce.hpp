@@ -166,7 +166,7 @@ struct ChunkOwnerAllReduce {
 
   // A block into or out of the accumulator. Whole blocks (all but a leaf's last) copy with a
   // constant size, which the compiler expands inline into one string move, as in a hand-written
-  // loop over fixed blocks; the library's memcpy of a runtime size was slower for these
+  // loop over fixed blocks; the library's memcpy of a runtime size is slower for these
   // cache-resident blocks (docs/performance.md#against-a-hand-written-blocked-loop).
   static void copy_block(void* to, const void* from, std::size_t bytes) noexcept {
     if (bytes == narrow_block_bytes) {
