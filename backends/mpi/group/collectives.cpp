@@ -185,24 +185,8 @@ void group::impl::sync(job& j) {
   wait_keeping(request, j.what, word);
 }
 
-void group::impl::worker_ranges(const std::size_t* sizes, std::size_t K, std::vector<std::size_t>& first,
-                   std::vector<std::size_t>& count) const {
-  first.assign(K * static_cast<std::size_t>(W), 0);
-  count.assign(K * static_cast<std::size_t>(W), 0);
-  for (std::size_t k = 0; k < K; ++k) {
-    for (int p = 0; p < W; ++p) {
-      const auto [lo, n] = worker_range(sizes[k], p);
-      first[k * static_cast<std::size_t>(W) + static_cast<std::size_t>(p)] = lo;
-      count[k * static_cast<std::size_t>(W) + static_cast<std::size_t>(p)] = n;
-    }
-  }
-}
-
 void group::impl::scatter(job& j) {
   const std::size_t K = j.num_sizes, bytes = j.element.bytes, Wn = static_cast<std::size_t>(W);
-  std::vector<std::size_t> first, count, at(K, 0);
-  worker_ranges(j.sizes, K, first, count);
-  for (std::size_t k = 1; k < K; ++k) at[k] = at[k - 1] + j.sizes[k - 1];
   const auto* in = static_cast<const unsigned char*>(j.data);
   auto* out = static_cast<unsigned char*>(j.out);
   const MPI_Datatype type = datatype_of(j.element);
@@ -222,9 +206,7 @@ void group::impl::scatter(job& j) {
     return;
   }
   std::vector<std::size_t> per(Wn, 0);  // each worker's elements over all leaves
-  for (std::size_t k = 0; k < K; ++k) {
-    for (std::size_t p = 0; p < Wn; ++p) per[p] += count[k * Wn + p];
-  }
+  for (int p = 0; p < W; ++p) per[static_cast<std::size_t>(p)] = visit_cut(j, p, [](std::size_t, std::size_t) {});
   const std::size_t block = *std::max_element(per.begin(), per.end());
   const std::size_t mine = per[static_cast<std::size_t>(w)];
   if (block > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
@@ -239,14 +221,7 @@ void group::impl::scatter(job& j) {
   std::unique_ptr<unsigned char[]> packed;
   if (!direct) {
     packed = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, Wn * block * bytes));
-    for (std::size_t p = 0; p < Wn; ++p) {
-      std::size_t pos = p * block;
-      for (std::size_t k = 0; k < K; ++k) {
-        const std::size_t i = k * Wn + p;
-        if (count[i] != 0) std::memcpy(packed.get() + pos * bytes, in + (at[k] + first[i]) * bytes, count[i] * bytes);
-        pos += count[i];
-      }
-    }
+    for (int p = 0; p < W; ++p) pack_cut(j, p, packed.get() + static_cast<std::size_t>(p) * block * bytes);
   }
   auto rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, Wn * block * bytes));
   log_post(post_alltoall, block, j.element.code(), static_cast<std::int64_t>(j.op));
@@ -266,17 +241,24 @@ void group::impl::scatter(job& j) {
 }
 
 void group::impl::keep_ranges(const job& j, const unsigned char* whole) const {
-  const std::size_t K = j.num_sizes, bytes = j.element.bytes, Wn = static_cast<std::size_t>(W);
-  std::vector<std::size_t> first, count;
-  worker_ranges(j.sizes, K, first, count);
+  const std::size_t bytes = j.element.bytes;
   auto* out = static_cast<unsigned char*>(j.out);
-  std::size_t pos = 0, at = 0;
-  for (std::size_t k = 0; k < K; ++k) {
-    const std::size_t i = k * Wn + static_cast<std::size_t>(w);
-    if (count[i] != 0) std::memmove(out + pos * bytes, whole + (at + first[i]) * bytes, count[i] * bytes);
-    pos += count[i];
-    at += j.sizes[k];
-  }
+  std::size_t pos = 0;
+  visit_cut(j, w, [&](std::size_t at, std::size_t count) {
+    if (count != 0) std::memmove(out + pos, whole + at * bytes, count * bytes);
+    pos += count * bytes;
+  });
+}
+
+std::size_t group::impl::pack_cut(const job& j, int p, unsigned char* to) const {
+  const std::size_t bytes = j.element.bytes;
+  const auto* in = static_cast<const unsigned char*>(j.data);
+  std::size_t pos = 0;
+  visit_cut(j, p, [&](std::size_t at, std::size_t count) {
+    if (count != 0) std::memcpy(to + pos, in + at * bytes, count * bytes);
+    pos += count * bytes;
+  });
+  return pos;
 }
 
 void group::impl::exchange_slot(agreement_slot& slot, bool carried, detail::element_kind kind, ReduceOp op,
@@ -335,7 +317,6 @@ bool group::impl::exchange_cuts(job& j, std::int64_t key) {
   const std::size_t bytes = j.element.bytes;
   unsigned char* const rows = rows_for_exchange();
   unsigned char* const outbox = rows + exchange_bytes();
-  const auto* in = static_cast<const unsigned char*>(j.data);
   const std::int64_t keys[2] = {key, -key};
   // Worker p's message in the outbox's row p; this worker's own cut straight into its row w of
   // the rows the others' arrive in.
@@ -347,13 +328,9 @@ bool group::impl::exchange_cuts(job& j, std::int64_t key) {
   for (int p = 0; p < W; ++p) {
     unsigned char* const to = message(p);
     std::memcpy(to, keys, sizeof keys);
-    std::size_t pos = direct_header_bytes;
-    visit_cut(j, p, [&](std::size_t at, std::size_t count) {
-      if (count != 0) std::memcpy(to + pos, in + at * bytes, count * bytes);
-      pos += count * bytes;
-    });
-    filled[static_cast<std::size_t>(p)] = pos;
-    length = std::max(length, pos);
+    const std::size_t filled_to = direct_header_bytes + pack_cut(j, p, to + direct_header_bytes);
+    filled[static_cast<std::size_t>(p)] = filled_to;
+    length = std::max(length, filled_to);
   }
   // One length for every message (the largest cut's: post_blocks sends one), the rest zeros, so
   // that no uninitialised byte goes out.
@@ -488,10 +465,7 @@ bool group::impl::carries(const job& j) const noexcept {
 
 bool group::impl::carries_cuts(const job& j) const noexcept {
   if (j.kind == job::reduce) return reduction_in_cuts(j.count, j.element);
-  if (j.kind != job::scatter || W < 2 || W > direct_agreement || j.count * j.element.bytes <= wide_carry_max ||
-      datatype_of(j.element) == MPI_BYTE || !scatter_by_worker(j)) {
-    return false;
-  }
+  if (j.kind != job::scatter || !beyond_wide(j.count, j.element) || !scatter_by_worker(j)) return false;
   std::size_t largest = 0;
   for (int p = 0; p < W; ++p) largest = std::max(largest, visit_cut(j, p, [](std::size_t, std::size_t) {}));
   return largest * j.element.bytes <= wide_carry_max;

@@ -595,11 +595,8 @@ struct group::impl {
   /// int64 all-reduce (max), in place of an empty payload.
   void sync(job& j);
 
-  /// Worker p's range of each of the `K` leaves of `sizes` in a reduce-scatter over the W*R
-  /// global replicas: the cuts of its replicas p*R .. p*R+R-1, [first[k*W+p], first + count).
-  void worker_ranges(const std::size_t* sizes, std::size_t K, std::vector<std::size_t>& first,
-                     std::vector<std::size_t>& count) const;
-  /// Worker p's range of a leaf of `size` elements: {first, count}.
+  /// Worker p's range of a leaf of `size` elements in a reduce-scatter over the W*R global
+  /// replicas: the cuts of its replicas p*R .. p*R+R-1, as {first, count}.
   std::pair<std::size_t, std::size_t> worker_range(std::size_t size, int p) const noexcept {
     const std::size_t lo = backend::cut_of(size, W * R, p * R).first;
     const std::size_t hi = p + 1 == W ? size : backend::cut_of(size, W * R, (p + 1) * R).first;
@@ -729,11 +726,15 @@ struct group::impl {
   /// must give these bits, so it decides by the same rule (scatter(), carries()).
   bool reduction_in_cuts(std::size_t count, detail::element_kind kind) const noexcept {
     const std::size_t largest = (count + static_cast<std::size_t>(W) - 1) / static_cast<std::size_t>(W);
-    return W > 1 && W <= direct_agreement && count * kind.bytes > wide_carry_max &&
-           largest * kind.bytes <= wide_carry_max && datatype_of(kind) != MPI_BYTE;
+    return beyond_wide(count, kind) && largest * kind.bytes <= wide_carry_max;
+  }
+  /// Whether a reduction of `count` elements of `kind` (one MPI has) among 2 to
+  /// `direct_agreement` workers is too large for a wide check: where cuts are tried.
+  bool beyond_wide(std::size_t count, detail::element_kind kind) const noexcept {
+    return W > 1 && W <= direct_agreement && count * kind.bytes > wide_carry_max && datatype_of(kind) != MPI_BYTE;
   }
   /// The elements job `j` sends worker p in a check of cuts: for an all-reduce its cut of j.data
-  /// (backend::cut_of over W), for a reduce-scatter p's range of each leaf (worker_ranges), in
+  /// (backend::cut_of over W), for a reduce-scatter p's range of each leaf (worker_range), in
   /// leaf order: `visit(offset, count)` per piece, offsets into j.data, in elements. Returns the
   /// sum of the counts.
   template <class Visit>
@@ -762,6 +763,8 @@ struct group::impl {
   /// reduce-scatter. Returns whether the keys agree, and then this worker's folded cut (its
   /// count of elements) is at exchange_rows + direct_header_bytes, until the next exchange.
   bool exchange_cuts(job& j, std::int64_t key);
+  /// Copies job `j`'s elements for worker p (visit_cut) to `to`, packed; returns their bytes.
+  std::size_t pack_cut(const job& j, int p, unsigned char* to) const;
   /// An all-reduce's second round after exchange_cuts: every worker's folded cut to every other
   /// (post_blocks, tag_gather), each into its place in j.data.
   void gather_cuts(job& j);
