@@ -141,21 +141,20 @@ void group::impl::reduce_in_worker_order(job& j) {
   const MPI_Datatype type = datatype_of(j.element);
   std::vector<int> from(static_cast<std::size_t>(W), mine), at(static_cast<std::size_t>(W));
   for (int p = 0; p < W; ++p) at[static_cast<std::size_t>(p)] = p * mine;
-  // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
-  auto rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, static_cast<std::size_t>(W) *
-                                                                            static_cast<std::size_t>(mine) * bytes));
+  // Kept from job to job, and given up with the exchange if it is (keep_until_exit says why).
+  unsigned char* const rows = payload[0].at_least(static_cast<std::size_t>(W) * static_cast<std::size_t>(mine) * bytes);
   log_post(post_alltoallv, j.count, j.element.code(), static_cast<std::int64_t>(j.op));
   MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Ialltoallv(j.data, counts.data(), displs.data(), type, rows.get(), from.data(), at.data(), type, data,
+  check(MPI_Ialltoallv(j.data, counts.data(), displs.data(), type, rows, from.data(), at.data(), type, data,
                        &request),
         "MPI_Ialltoallv (in worker order)", j.what);
-  wait_keeping(request, j.what, rows);
+  wait_keeping(request, j.what, payload[0].bytes);
   const std::size_t row = static_cast<std::size_t>(mine) * bytes;
-  fold_rows(rows.get(), row, static_cast<std::size_t>(mine), j.element, j.op, "MPI_Reduce_local (in worker order)",
+  fold_rows(rows, row, static_cast<std::size_t>(mine), j.element, j.op, "MPI_Reduce_local (in worker order)",
             j.what);
   if (row != 0) {
     std::memcpy(static_cast<unsigned char*>(j.data) + static_cast<std::size_t>(displs[static_cast<std::size_t>(w)]) * bytes,
-                rows.get(), row);
+                rows, row);
   }
   log_post(post_allgatherv, j.count, j.element.code(), static_cast<std::int64_t>(j.op));
   check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, counts.data(), displs.data(), type, data,
@@ -191,18 +190,18 @@ void group::impl::scatter(job& j) {
   auto* out = static_cast<unsigned char*>(j.out);
   const MPI_Datatype type = datatype_of(j.element);
   if (!scatter_by_worker(j)) {
-    auto whole = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, j.count * bytes));
-    if (j.count != 0) std::memcpy(whole.get(), in, j.count * bytes);
+    unsigned char* const whole = payload[0].at_least(j.count * bytes);
+    if (j.count != 0) std::memcpy(whole, in, j.count * bytes);
     log_post(post_allreduce, j.count, j.element.code(), static_cast<std::int64_t>(j.op));
     const bool ring = use_ring(j.count * bytes);
     if (ring) ring_algorithm.set(1);
     MPI_Request request = MPI_REQUEST_NULL;
-    const int code = MPI_Iallreduce(MPI_IN_PLACE, whole.get(), static_cast<int>(j.count), type,
+    const int code = MPI_Iallreduce(MPI_IN_PLACE, whole, static_cast<int>(j.count), type,
                                     op_of(j.op, j.element), data, &request);
     if (ring) ring_algorithm.set(0);
     check(code, "MPI_Iallreduce (reduce-scatter)", j.what);
-    wait_keeping(request, j.what, whole);
-    keep_ranges(j, whole.get());
+    wait_keeping(request, j.what, payload[0].bytes);
+    keep_ranges(j, whole);
     return;
   }
   std::vector<std::size_t> per(Wn, 0);  // each worker's elements over all leaves
@@ -217,27 +216,27 @@ void group::impl::scatter(job& j) {
   }
   // One leaf whose ranges are equal is already laid out as W blocks: sent as it is.
   const bool direct = K == 1 && std::all_of(per.begin(), per.end(), [&](std::size_t c) { return c == block; });
-  // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
-  std::unique_ptr<unsigned char[]> packed;
+  // Kept from job to job, and given up with the exchange if it is (keep_until_exit says why).
+  unsigned char* packed = nullptr;
   if (!direct) {
-    packed = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, Wn * block * bytes));
-    for (int p = 0; p < W; ++p) pack_cut(j, p, packed.get() + static_cast<std::size_t>(p) * block * bytes);
+    packed = payload[1].at_least(Wn * block * bytes);
+    for (int p = 0; p < W; ++p) pack_cut(j, p, packed + static_cast<std::size_t>(p) * block * bytes);
   }
-  auto rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, Wn * block * bytes));
+  unsigned char* const rows = payload[0].at_least(Wn * block * bytes);
   log_post(post_alltoall, block, j.element.code(), static_cast<std::int64_t>(j.op));
   MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Ialltoall(direct ? in : packed.get(), static_cast<int>(block), type, rows.get(), static_cast<int>(block),
-                      type, data, &request),
+  check(MPI_Ialltoall(direct ? in : packed, static_cast<int>(block), type, rows, static_cast<int>(block), type, data,
+                      &request),
         "MPI_Ialltoall (reduce-scatter)", j.what);
   try {
     wait(request, j.what);
   } catch (...) {
-    keep_until_exit(rows);
-    if (packed) keep_until_exit(packed);
+    keep_until_exit(payload[0].bytes);
+    if (packed != nullptr) keep_until_exit(payload[1].bytes);
     throw;
   }
-  fold_rows(rows.get(), block * bytes, mine, j.element, j.op, "MPI_Reduce_local (reduce-scatter)", j.what);
-  if (mine != 0) std::memmove(out, rows.get(), mine * bytes);
+  fold_rows(rows, block * bytes, mine, j.element, j.op, "MPI_Reduce_local (reduce-scatter)", j.what);
+  if (mine != 0) std::memmove(out, rows, mine * bytes);
 }
 
 void group::impl::keep_ranges(const job& j, const unsigned char* whole) const {
@@ -575,22 +574,22 @@ void group::impl::gather(job& j) {
     wait(request, j.what);
     return;
   }
-  // On the heap, and kept if the exchange is given up on (keep_until_exit says why).
-  auto send = std::make_unique<unsigned char[]>(block);
-  auto recv = std::make_unique<unsigned char[]>(Wn * block);
-  pack(send.get());
+  // Kept from job to job, and given up with the exchange if it is (keep_until_exit says why).
+  unsigned char* const send = payload[1].at_least(block);
+  unsigned char* const recv = payload[0].at_least(Wn * block);
+  pack(send);
   log_post(post_allgather_bytes, block, 0, 0);
-  check(MPI_Iallgather(send.get(), static_cast<int>(block), MPI_BYTE, recv.get(), static_cast<int>(block), MPI_BYTE,
-                       data, &request),
+  check(MPI_Iallgather(send, static_cast<int>(block), MPI_BYTE, recv, static_cast<int>(block), MPI_BYTE, data,
+                       &request),
         "MPI_Iallgather (all-gather)", j.what);
   try {
     wait(request, j.what);
   } catch (...) {
-    keep_until_exit(send);
-    keep_until_exit(recv);
+    keep_until_exit(payload[1].bytes);
+    keep_until_exit(payload[0].bytes);
     throw;
   }
-  unpack(recv.get());
+  unpack(recv);
 }
 
 void group::impl::gather_counts(job& j) {

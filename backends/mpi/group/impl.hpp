@@ -539,6 +539,28 @@ struct group::impl {
     }
     return exchange_rows.get();
   }
+  /// A buffer the size of a job's payload (a reduce-scatter's whole vector, an all-to-all's
+  /// rows, an all-gather's packed blocks), kept from one job to the next and grown, never
+  /// shrunk: a fresh one costs a page fault per 4 KiB on first touch (glibc maps large blocks
+  /// anew each time), which at megabytes takes longer than the collective's own transfer. Two,
+  /// as a job uses at most two at once. Used by
+  /// whichever thread executes jobs; given up (keep_until_exit) with an operation that is, and
+  /// then made anew.
+  struct kept_buffer {
+    std::unique_ptr<unsigned char[]> bytes;
+    std::size_t size = 0;
+    /// At least `n` bytes (1 where `n` is 0), zeros where newly made, else the last job's bytes.
+    unsigned char* at_least(std::size_t n) {
+      n = std::max<std::size_t>(1, n);
+      if (bytes == nullptr || size < n) {
+        bytes.reset();
+        bytes = std::make_unique<unsigned char[]>(n);
+        size = n;
+      }
+      return bytes.get();
+    }
+  };
+  kept_buffer payload[2];
   /// The bytes per worker a counts job of `words` words per worker leaves in its slot, where it
   /// is carried (carries()): what is left after the W workers' words, split W ways, in whole
   /// words (the slot is summed as int64), and at most worker_group::carried_block_max (a larger
