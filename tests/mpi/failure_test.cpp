@@ -69,7 +69,7 @@ void alternate(Strategy& s, int rounds) {
   const int R = s.num_local_replicas(), N = W * R;
   for (int round = 0; round < rounds; ++round) {
     const int thrower = (round * 3 + 1) % N;
-    const int where = round % 8;  // throws after `where` collectives
+    const int where = round % 10;  // throws after `where` collectives
     CAPTURE(round, thrower, where);
     const std::string text = "round " + std::to_string(round) + " failed";
     bool threw = false;
@@ -95,6 +95,11 @@ void alternate(Strategy& s, int rounds) {
         step(6);
         ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(1500, float(g)));  // in cuts: one round
         step(7);
+        // 5 MB: three MPI_Iallreduce's in turn (pieces), of which a recovery completes the first
+        ctx.all_reduce(ReduceOp::sum, std::vector<float>(1'250'000, 1.0f));
+        step(8);
+        ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(1'250'000, float(g)));  // the same pieces
+        step(9);
       });
     } catch (const mirror::replica_error& e) {
       threw = true;
@@ -103,7 +108,7 @@ void alternate(Strategy& s, int rounds) {
     }
     // Every worker still has a collective to make after the throw, except after the last one:
     // then only the thrower's own worker notices.
-    REQUIRE(threw == (where < 7 || w == thrower / R));
+    REQUIRE(threw == (where < 9 || w == thrower / R));
     // Lengths that take each path in turn: 8 KB and more (in cuts at 3 workers, two rounds at 2
     // from round 5), the check's wide message, in cuts.
     const std::size_t length = (round % 3 == 0 ? 1000 : round % 3 == 1 ? 200 : 700) + static_cast<std::size_t>(round);
@@ -130,7 +135,8 @@ TEST_CASE("failure: failing and clean runs alternate 100 times; every clean run 
   // next run works on every worker. Each round a different global replica throws, at a different
   // point of fn: before any collective (the others' posts of the first one are left unmatched),
   // between collectives (a large all_reduce on the ring algorithm, a scalar one, a broadcast, a
-  // max, one in the check's wide message, an all-reduce and a reduce-scatter in cuts), or after
+  // max, one in the check's wide message, an all-reduce and a reduce-scatter in cuts, an
+  // all-reduce and a reduce-scatter of 5 MB in pieces), or after
   // the last one (only its own worker notices). The clean run after it and a reduce
   // outside run check the sums; a worker that paired a new collective with a stale one would get
   // another worker's old data, a shape_error, or hang (the launch's limit ends that: the timeout is
@@ -146,6 +152,15 @@ TEST_CASE("failure: the recovery also completes worker-order reductions and runs
   using Ops = mirror::default_ops_t<Cluster>;
   Strategy s(Cluster{.local = {.replicas = 2}, .timeout = std::chrono::hours(1), .validate_shapes = false},
              Ops{.cross = {.deterministic = true}});
+  alternate(s, 30);
+}
+
+TEST_CASE("failure: the recovery completes a collective posted without a check: pieces of a large all-reduce",
+          "[mpi][recovery]") {
+  // Without the shape check the 5 MB all-reduce and reduce-scatter post their first piece
+  // straight away, so a recovery must match that piece itself (with the check, the check's
+  // post is the one left unmatched).
+  Strategy s(Cluster{.local = {.replicas = 2}, .timeout = std::chrono::hours(1), .validate_shapes = false});
   alternate(s, 30);
 }
 

@@ -99,20 +99,14 @@ void group::impl::execute(job& j) {
       reduce_in_worker_order(j);
       return;
     }
-    MPI_Request request = MPI_REQUEST_NULL;
     if (j.kind == job::reduce) {
-      log_post(post_allreduce, j.count, j.element.code(), static_cast<std::int64_t>(j.op));
-      const bool ring = use_ring(j.count * j.element.bytes);
-      if (ring) ring_algorithm.set(1);
-      const int code = MPI_Iallreduce(MPI_IN_PLACE, j.data, static_cast<int>(j.count), datatype_of(j.element),
-                                      op_of(j.op, j.element), data, &request);
-      if (ring) ring_algorithm.set(0);
-      check(code, "MPI_Iallreduce", j.what);
-    } else {
-      log_post(post_bcast, j.count, 0, j.root);
-      check(MPI_Ibcast(j.data, static_cast<int>(j.count), MPI_BYTE, j.root, data, &request),
-            "MPI_Ibcast", j.what);
+      all_reduce_in_pieces(static_cast<unsigned char*>(j.data), j.count, j.element, j.op, "MPI_Iallreduce", j.what,
+                           nullptr);
+      return;
     }
+    MPI_Request request = MPI_REQUEST_NULL;
+    log_post(post_bcast, j.count, 0, j.root);
+    check(MPI_Ibcast(j.data, static_cast<int>(j.count), MPI_BYTE, j.root, data, &request), "MPI_Ibcast", j.what);
     wait(request, j.what);
   } catch (const backend_error&) {
     j.error = std::current_exception();
@@ -163,6 +157,31 @@ void group::impl::reduce_in_worker_order(job& j) {
   wait(request, j.what);
 }
 
+void group::impl::all_reduce_in_pieces(unsigned char* buffer, std::size_t count, detail::element_kind kind,
+                                       ReduceOp op, const char* call, const char* what,
+                                       std::unique_ptr<unsigned char[]>* keep) {
+  const std::size_t bytes = count * kind.bytes;
+  const std::size_t pieces =
+      bytes <= whole_all_reduce_bytes ? 1 : (bytes + all_reduce_piece_bytes - 1) / all_reduce_piece_bytes;
+  const MPI_Datatype type = datatype_of(kind);
+  for (std::size_t i = 0; i < pieces; ++i) {
+    const auto [first, n] = backend::cut_of(count, static_cast<int>(pieces), static_cast<int>(i));
+    log_post(post_allreduce, n, kind.code(), static_cast<std::int64_t>(op));
+    const bool ring = use_ring(n * kind.bytes);
+    if (ring) ring_algorithm.set(1);
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int code = MPI_Iallreduce(MPI_IN_PLACE, buffer + first * kind.bytes, static_cast<int>(n), type,
+                                    op_of(op, kind), data, &request);
+    if (ring) ring_algorithm.set(0);
+    check(code, call, what);
+    if (keep != nullptr) {
+      wait_keeping(request, what, *keep);
+    } else {
+      wait(request, what);
+    }
+  }
+}
+
 void group::impl::fold_rows(unsigned char* first, std::size_t stride, std::size_t count, detail::element_kind kind,
                             ReduceOp op, const char* call, const char* what) const {
   if (count == 0) return;
@@ -192,15 +211,8 @@ void group::impl::scatter(job& j) {
   if (!scatter_by_worker(j)) {
     unsigned char* const whole = payload[0].at_least(j.count * bytes);
     if (j.count != 0) std::memcpy(whole, in, j.count * bytes);
-    log_post(post_allreduce, j.count, j.element.code(), static_cast<std::int64_t>(j.op));
-    const bool ring = use_ring(j.count * bytes);
-    if (ring) ring_algorithm.set(1);
-    MPI_Request request = MPI_REQUEST_NULL;
-    const int code = MPI_Iallreduce(MPI_IN_PLACE, whole, static_cast<int>(j.count), type,
-                                    op_of(j.op, j.element), data, &request);
-    if (ring) ring_algorithm.set(0);
-    check(code, "MPI_Iallreduce (reduce-scatter)", j.what);
-    wait_keeping(request, j.what, payload[0].bytes);
+    all_reduce_in_pieces(whole, j.count, j.element, j.op, "MPI_Iallreduce (reduce-scatter)", j.what,
+                         &payload[0].bytes);
     keep_ranges(j, whole);
     return;
   }

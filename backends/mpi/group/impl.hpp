@@ -613,6 +613,20 @@ struct group::impl {
 
   void reduce_in_worker_order(job& j);
 
+  /// An all-reduce in MPI's order, in place on `buffer` (`count` elements): above
+  /// whole_all_reduce_bytes, consecutive MPI_Iallreduce's of about all_reduce_piece_bytes each
+  /// (cut_of of the count), each completed before the next is posted, so that a worker is at
+  /// most one post ahead of another, as with one collective, and a recovery's stand-ins match
+  /// each piece from its own log entry. Open MPI allocates a scratch the size of each call,
+  /// which glibc maps anew above 32 MiB (a page fault per 4 KiB), and pieces of a few MiB stay
+  /// in cache (docs/multi-worker.md, "Large all-reduces"). Every worker cuts alike, and a
+  /// reduce-scatter that takes the all-reduce's bits (scatter()) posts the same pieces. `keep`,
+  /// where given, owns `buffer`: kept alive if a wait is given up on (keep_until_exit).
+  void all_reduce_in_pieces(unsigned char* buffer, std::size_t count, detail::element_kind kind, ReduceOp op,
+                            const char* call, const char* what, std::unique_ptr<unsigned char[]>* keep);
+  static constexpr std::size_t whole_all_reduce_bytes = 4u << 20;
+  static constexpr std::size_t all_reduce_piece_bytes = 2u << 20;
+
   /// A collective of nothing that still completes only once every worker has posted it: one
   /// int64 all-reduce (max), in place of an empty payload.
   void sync(job& j);
