@@ -412,9 +412,12 @@ struct group::impl {
   // 4 KiB no longer fits Open MPI's shared-memory eager limit, the ring sends halves (raw MPI,
   // 2 ranks, alternated in one process: 4 KiB 7.0-7.3 us binomial, 1.6 us ring, 1.2-1.3 us
   // blocking; 2 KiB 1.2-2.0 / 1.3-2.1 us, no gain). Two operands combine to the same bits in
-  // either order, so for 2 workers the switch changes no result; with more it changes the
-  // order of the sum, so they keep libnbc's own 64 KiB.
-  static constexpr std::size_t ring_threshold_bytes = 64 * 1024;
+  // either order, so for 2 workers the switch changes no result. With 3 or more workers the
+  // ring's 2(W-1) steps cost more than binomial's whole-buffer steps up to a few hundred KiB
+  // (raw MPI, 3 ranks: 64 KiB 19 us binomial, 32 us ring; 4 ranks: 33 and 64 us; even at
+  // 256 KiB), so there the ring starts at 256 KiB. Every worker applies the same threshold to
+  // the same count, so the order of the sum is still the same everywhere.
+  static constexpr std::size_t ring_threshold_bytes = 256 * 1024;
   static constexpr std::size_t two_worker_ring_threshold_bytes = 4 * 1024;
   struct libnbc_algorithm {
     bool usable = false;
