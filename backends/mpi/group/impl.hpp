@@ -649,8 +649,8 @@ struct group::impl {
   /// (W-1)/W of the buffer per worker. The blocks are the largest worker's range (they differ
   /// by at most R elements per leaf), so that a worker that never posted it can post its match
   /// from one number (recover()). Otherwise (floating point in MPI's order, three workers or
-  /// more) only the all-reduce itself gives its bits: the same MPI_Iallreduce of the whole
-  /// buffer, of which the worker keeps its range.
+  /// more) only the all-reduce itself gives its bits: the same all_reduce_in_pieces of the
+  /// whole buffer (a copy, in payload[0]), of which the worker keeps its range.
   void scatter(job& j);
   /// Whether reduce-scatter `j` gets the all-reduce's bits by a fold in worker order: where the
   /// all-reduce folds so (in_worker_order, or its count goes in cuts: reduction_in_cuts) or
