@@ -546,9 +546,8 @@ struct group::impl {
   /// rows, an all-gather's packed blocks), kept from one job to the next and grown, never
   /// shrunk: a fresh one costs a page fault per 4 KiB on first touch (glibc maps large blocks
   /// anew each time), which at megabytes takes longer than the collective's own transfer. Two,
-  /// as a job uses at most two at once. Used by
-  /// whichever thread executes jobs; given up (keep_until_exit) with an operation that is, and
-  /// then made anew.
+  /// as a job uses at most two at once. Used by whichever thread executes jobs; given up
+  /// (keep_until_exit) with an operation that is, and then made anew.
   struct kept_buffer {
     std::unique_ptr<unsigned char[]> bytes;
     std::size_t size = 0;
