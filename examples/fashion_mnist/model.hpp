@@ -173,19 +173,19 @@ class Workspace {
         G3(grads_.w3.data(), hidden2, out_classes);
 
     product(G3, A2, transposed, D3, plain);
-    row(grads_.b3) = D3.colwise().sum();
+    column_sums(D3, grads_.b3);
     ready(5);
     ready(4);
     product(D2, D3, plain, ConstMap(p.w3.data(), hidden2, out_classes), transposed);
     D2 = (A2.array() > 0.0f).select(D2, 0.0f);
     product(G2, A1, transposed, D2, plain);
-    row(grads_.b2) = D2.colwise().sum();
+    column_sums(D2, grads_.b2);
     ready(3);
     ready(2);
     product(D1, D2, plain, ConstMap(p.w2.data(), hidden1, hidden2), transposed);
     D1 = (A1.array() > 0.0f).select(D1, 0.0f);
     product(G1, X, transposed, D1, plain);
-    row(grads_.b1) = D1.colwise().sum();
+    column_sums(D1, grads_.b1);
     ready(1);
     ready(0);
   }
@@ -216,6 +216,17 @@ class Workspace {
 #endif
   }
 
+  /// out[j] = the sum of column j of `d`, row after row, in that order whatever the buffers'
+  /// addresses. Eigen's vectorised `colwise().sum()` over these heap buffers gave bits that
+  /// depended on where the heap put them: runs of the same 2-worker training, whose allocations
+  /// interleave with the communication thread's, ended with different losses and accuracies.
+  static void column_sums(const Map& d, std::vector<float>& out) {
+    std::fill(out.begin(), out.end(), 0.0f);
+    for (Eigen::Index i = 0; i < d.rows(); ++i) {
+      const float* r = d.data() + i * d.cols();
+      for (std::size_t j = 0; j < out.size(); ++j) out[j] += r[j];
+    }
+  }
   static Eigen::Map<const Eigen::RowVectorXf> row(const std::vector<float>& v) {
     return {v.data(), static_cast<Eigen::Index>(v.size())};
   }
