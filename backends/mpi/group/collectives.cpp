@@ -163,17 +163,11 @@ void group::impl::all_reduce_in_pieces(unsigned char* buffer, std::size_t count,
   const std::size_t bytes = count * kind.bytes;
   const std::size_t pieces =
       bytes <= whole_all_reduce_bytes ? 1 : (bytes + all_reduce_piece_bytes - 1) / all_reduce_piece_bytes;
-  const MPI_Datatype type = datatype_of(kind);
   for (std::size_t i = 0; i < pieces; ++i) {
     const auto [first, n] = backend::cut_of(count, static_cast<int>(pieces), static_cast<int>(i));
     log_post(post_allreduce, n, kind.code(), static_cast<std::int64_t>(op));
-    const bool ring = use_ring(n * kind.bytes);
-    if (ring) ring_algorithm.set(1);
     MPI_Request request = MPI_REQUEST_NULL;
-    const int code = MPI_Iallreduce(MPI_IN_PLACE, buffer + first * kind.bytes, static_cast<int>(n), type,
-                                    op_of(op, kind), data, &request);
-    if (ring) ring_algorithm.set(0);
-    check(code, call, what);
+    check(post_iallreduce(buffer + first * kind.bytes, n, kind, op, request), call, what);
     if (keep != nullptr) {
       wait_keeping(request, what, *keep);
     } else {
@@ -888,6 +882,16 @@ void group::impl::log_post(post_kind kind, std::size_t count, std::int64_t eleme
   ++sequence;
   posts.push_back({sequence, kind, static_cast<std::int64_t>(count), element, op, job_phase});
   if (posts.size() > kept_posts) posts.pop_front();
+}
+
+int group::impl::post_iallreduce(void* buffer, std::size_t n, detail::element_kind kind, ReduceOp op,
+                                 MPI_Request& request) {
+  const bool ring = use_ring(n * kind.bytes);
+  if (ring) ring_algorithm.set(1);
+  const int code =
+      MPI_Iallreduce(MPI_IN_PLACE, buffer, static_cast<int>(n), datatype_of(kind), op_of(op, kind), data, &request);
+  if (ring) ring_algorithm.set(0);
+  return code;
 }
 
 bool group::impl::use_ring(std::size_t bytes) const {

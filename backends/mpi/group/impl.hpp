@@ -921,6 +921,10 @@ struct group::impl {
   void log_post(post_kind kind, std::size_t count, std::int64_t element, std::int64_t op);
 
   bool use_ring(std::size_t bytes) const;
+  /// MPI_Iallreduce in place of `n` elements on the data communicator, on the ring where
+  /// use_ring() says so: the one way a piece and a recovery's stand-in for it are posted, so
+  /// that both pick the same algorithm. Returns MPI's code.
+  int post_iallreduce(void* buffer, std::size_t n, detail::element_kind kind, ReduceOp op, MPI_Request& request);
 
   bool is_broken();
 

@@ -120,12 +120,7 @@ void group::impl::post_dummy(const posted_op& o, dummy& d) {
   switch (o.kind) {
     case post_allreduce: {
       d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, n * k.bytes));
-      const bool ring = use_ring(n * k.bytes);
-      if (ring) ring_algorithm.set(1);
-      const int code = MPI_Iallreduce(MPI_IN_PLACE, d.buffer.get(), static_cast<int>(n), datatype_of(k),
-                                      op_of(static_cast<ReduceOp>(o.op), k), data, &d.request);
-      if (ring) ring_algorithm.set(0);
-      check(code, "MPI_Iallreduce", what);
+      check(post_iallreduce(d.buffer.get(), n, k, static_cast<ReduceOp>(o.op), d.request), "MPI_Iallreduce", what);
       return;
     }
     case post_agreement: {
