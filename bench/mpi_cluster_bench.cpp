@@ -3,14 +3,17 @@
 // raw MPI collective of the same bytes on the same processes (issue 6's target for all_reduce:
 // <= 5 % overhead at >= 64 KiB). Launch under mpirun, one process per worker:
 //   mpirun -np 2 --bind-to none build/bench/mpi_cluster_bench [--replicas R] [--repetitions N]
-//          [--min-time SECONDS] [--no-validate] [--deterministic] [--verb VERB] BYTES...
+//          [--min-time SECONDS] [--no-validate] [--deterministic] [--verb VERB] [--two-leaves] BYTES...
 // --deterministic: ops::MpiAllReduce{.deterministic = true} (worker order: all-to-all, fold,
 // all-gather) instead of one MPI_Iallreduce.
 // --verb: all_reduce (default; against MPI_Allreduce in place), reduce_scatter (each replica's
 // BYTES reduced, its cut kept, in place on a span; against MPI_Reduce_scatter_block of the same
 // BYTES per process) or all_gather (BYTES gathered in all, BYTES / (W*R) from each replica, the
-// span form; against MPI_Allgather). all_reduce moves BYTES / 4 floats (at least one); the other
-// verbs round BYTES down to a multiple of 4*W*R (at least that), so every replica has a share.
+// span form; against MPI_Allgather) or all_reduce_async (all_reduce_async, then wait(); against
+// MPI_Allreduce). all_reduce and all_reduce_async move BYTES / 4 floats (at least two), with
+// --two-leaves as a nest of two spans of half the BYTES each (against MPI_Allreduce of the same
+// BYTES in one buffer); the other verbs round BYTES down to a multiple of 4*W*R (at least that),
+// so every replica has a share.
 // Rank 0 prints Google Benchmark-shaped JSON (impl:cluster / impl:mpi, real_time in ns per
 // call), repetitions of the two alternating, so bench/report.py can read it.
 #include <mirror/mirror.hpp>
@@ -20,6 +23,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -67,7 +71,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int replicas = 1, repetitions = 5;
   double min_time = 0.2;
-  bool validate = true, deterministic = false;
+  bool validate = true, deterministic = false, two_leaves = false;
   std::string verb = "all_reduce";
   std::vector<std::size_t> sizes;
   for (int i = 1; i < argc; ++i) {
@@ -81,10 +85,14 @@ int main(int argc, char** argv) {
       validate = false;
     } else if (!std::strcmp(argv[i], "--deterministic")) {
       deterministic = true;
+    } else if (!std::strcmp(argv[i], "--two-leaves")) {
+      two_leaves = true;
     } else if (!std::strcmp(argv[i], "--verb") && i + 1 < argc) {
       verb = argv[++i];
-      if (verb != "all_reduce" && verb != "reduce_scatter" && verb != "all_gather") {
-        if (rank == 0) std::fprintf(stderr, "mpi_cluster_bench: --verb all_reduce|reduce_scatter|all_gather\n");
+      if (verb != "all_reduce" && verb != "reduce_scatter" && verb != "all_gather" && verb != "all_reduce_async") {
+        if (rank == 0) {
+          std::fprintf(stderr, "mpi_cluster_bench: --verb all_reduce|reduce_scatter|all_gather|all_reduce_async\n");
+        }
         MPI_Abort(MPI_COMM_WORLD, 2);
       }
     } else {
@@ -92,6 +100,10 @@ int main(int argc, char** argv) {
     }
   }
   if (sizes.empty()) sizes = {4, 64 << 10, 64 << 20};
+  if (two_leaves && verb != "all_reduce" && verb != "all_reduce_async") {
+    if (rank == 0) std::fprintf(stderr, "mpi_cluster_bench: --two-leaves is for all_reduce and all_reduce_async\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
   {
     Cluster device;
     device.local.replicas = replicas;
@@ -101,15 +113,16 @@ int main(int argc, char** argv) {
     mirror::Strategy<Cluster> s(device, ops);
     if (rank == 0) {
       std::printf("{\n  \"context\": {\"verb\": \"cluster_%s\", \"device\": \"Cluster<Threads>, %d workers x %d "
-                  "replicas\", \"validate_shapes\": %s, \"deterministic\": %s, \"git\": \"%s\"},\n  "
+                  "replicas\", \"validate_shapes\": %s, \"deterministic\": %s, \"two_leaves\": %s, \"git\": \"%s\"},\n  "
                   "\"benchmarks\": [\n",
                   verb.c_str(), size, replicas, validate ? "true" : "false", deterministic ? "true" : "false",
-                  MIRROR_GIT_DESCRIBE);
+                  two_leaves ? "true" : "false", MIRROR_GIT_DESCRIBE);
     }
     bool first = true;
     for (const std::size_t bytes : sizes) {
       const std::size_t N = static_cast<std::size_t>(size * replicas);
-      const std::size_t multiple = verb == "all_reduce" ? 1 : N;
+      const bool all_reduce = verb == "all_reduce" || verb == "all_reduce_async";
+      const std::size_t multiple = all_reduce ? (two_leaves ? 2 : 1) : N;
       const std::size_t n = std::max<std::size_t>(multiple, bytes / sizeof(float) / multiple * multiple);
       const std::size_t part = n / N;  // all_gather: each replica's share; reduce_scatter: its cut
       std::vector<std::vector<float>> bufs(static_cast<std::size_t>(replicas), std::vector<float>(n, 1.f));
@@ -125,6 +138,15 @@ int main(int argc, char** argv) {
             } else if (verb == "all_gather") {
               ctx.all_gather(std::span<const float>(parts[static_cast<std::size_t>(ctx.replica_id_in_sync_group() % replicas)]),
                              mine, mirror::axis0);
+            } else if (two_leaves) {
+              const std::array<std::span<float>, 2> halves{mine.first(mine.size() / 2), mine.subspan(mine.size() / 2)};
+              if (verb == "all_reduce_async") {
+                ctx.all_reduce_async(mirror::ReduceOp::sum, halves).wait();
+              } else {
+                ctx.all_reduce(mirror::ReduceOp::sum, halves);
+              }
+            } else if (verb == "all_reduce_async") {
+              ctx.all_reduce_async(mirror::ReduceOp::sum, mine).wait();
             } else {
               ctx.all_reduce(mirror::ReduceOp::sum, mine);
             }
