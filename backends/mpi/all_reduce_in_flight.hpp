@@ -58,8 +58,7 @@ class all_reduce_in_flight {
     bool delivered = false;  ///< deliver() has run (guarded by mutex)
     std::exception_ptr error;  ///< what the delivery threw, rethrown to every local replica
     std::unique_ptr<detail::worker_group::started_collective> cross;  ///< set before any replica can finish
-    std::vector<E> staging;               ///< several leaves: the packed buffer that crosses
-    std::vector<std::vector<E*>> leaves;  ///< per local replica, its leaves (each writes its own entry)
+    std::vector<std::vector<E*>> leaves;  ///< per local replica, its leaves (each writes its own entry); replica 0's cross
     std::vector<std::size_t> sizes;       ///< per leaf, its elements
     ReduceOp op = ReduceOp::sum;          ///< the user's op (a mean is divided here)
     std::size_t divisor = 1;              ///< W*R, for a mean
@@ -76,15 +75,11 @@ class all_reduce_in_flight {
         delivered = true;
         try {
           if (cross != nullptr) cross->wait();
-          E* const source = staging.empty() ? leaves[0][0] : staging.data();
-          std::size_t total = 0;
-          for (const std::size_t n : sizes) total += n;
-          if (op == ReduceOp::mean) detail::divide_all(source, total, divisor);
-          for (const std::vector<E*>& mine : leaves) {
-            std::size_t at = 0;
-            for (std::size_t k = 0; k < sizes.size(); ++k) {
-              if (mine[k] != source + at && sizes[k] > 0) std::memcpy(mine[k], source + at, sizes[k] * sizeof(E));
-              at += sizes[k];
+          for (std::size_t k = 0; k < sizes.size(); ++k) {
+            E* const source = leaves[0][k];
+            if (op == ReduceOp::mean) detail::divide_all(source, sizes[k], divisor);
+            for (const std::vector<E*>& mine : leaves) {
+              if (mine[k] != source && sizes[k] > 0) std::memcpy(mine[k], source, sizes[k] * sizeof(E));
             }
           }
         } catch (...) {

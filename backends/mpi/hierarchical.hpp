@@ -26,8 +26,9 @@ namespace mirror::ops {
 /// (Horovod's hierarchical all-reduce; docs/multi-worker.md\#what-changes-with-several-workers).
 ///
 /// 1. The worker's replicas all-reduce with `LocalOps` (`mean` as `sum`: no division yet).
-/// 2. Replica 0 packs the result into one buffer (in place for a single leaf) and `Cross`
-///    reduces it across workers, on the worker's communication thread.
+/// 2. `Cross` reduces replica 0's result across workers as one vector, leaf after leaf, on the
+///    worker's communication thread: in place where a leaf holds a whole MPI call's elements
+///    (`MpiAllReduce::all_reduce_leaves`), else packed into one buffer.
 /// 3. `mean` divides once, by W*R (also for integers: [0,1 | 1,2] has mean 1, never the
 ///    staged 0); the other local replicas copy replica 0's result.
 ///
@@ -121,14 +122,15 @@ struct Hierarchical {
       d->divisor = static_cast<std::size_t>(g.num_workers()) * static_cast<std::size_t>(R);
     }
     const auto post_cross = [&] {
-      E* data = s.leaves[0];
-      if (s.leaves.size() != 1) {  // several leaves cross as one buffer, the operation's own
-        d->staging.resize(s.total);
-        concatenate(s, d->staging.data());
-        data = d->staging.data();
+      const char* what = "mirror::ReplicaContext::all_reduce_async (cross-worker step)";
+      if (s.leaves.size() == 1) {
+        d->cross = g.start_all_reduce(s.leaves[0], s.total, detail::element_kind_of<E>(), op, what, checked);
+        return;
       }
-      d->cross = g.start_all_reduce(data, s.total, detail::element_kind_of<E>(), op,
-                                    "mirror::ReplicaContext::all_reduce_async (cross-worker step)", checked);
+      // Several leaves cross as one vector, from where they lie (worker_group::all_reduce_leaves).
+      const std::vector<void*> untyped(s.leaves.begin(), s.leaves.end());
+      d->cross = g.start_all_reduce_leaves(untyped.data(), s.sizes.data(), untyped.size(), detail::element_kind_of<E>(),
+                                           op, what, checked);
     };
     if (R == 1) {
       d->leaves[0].assign(s.leaves.begin(), s.leaves.end());
@@ -395,6 +397,10 @@ struct Hierarchical {
                   bool checked) const {
     if (s.leaves.size() == 1) {
       cross.all_reduce(g, s.leaves[0], s.total, op, checked);
+      return;
+    }
+    if constexpr (requires { cross.all_reduce_leaves(g, s.leaves, s.sizes, op, checked); }) {
+      cross.all_reduce_leaves(g, s.leaves, s.sizes, op, checked);  // where they lie, not packed here
       return;
     }
     E* staging = rt.template scratch<E>(0, s.total);

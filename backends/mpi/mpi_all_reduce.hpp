@@ -4,6 +4,8 @@
 /// `mirror::ops::MpiAllReduce`: the cross-worker step of `ops::Hierarchical`.
 
 #include <cstddef>
+#include <span>
+#include <vector>
 #include <mirror/detail/worker_group.hpp>
 #include <mirror/reduce_op.hpp>
 
@@ -40,6 +42,17 @@ struct MpiAllReduce {
   void all_reduce(detail::worker_group& g, E* data, std::size_t n, ReduceOp op, bool checked) const {
     g.all_reduce(data, n, detail::element_kind_of<E>(), op, "mirror::ReplicaContext::all_reduce (cross-worker step)",
                  checked);
+  }
+
+  /// all_reduce of a vector held in several leaves, `leaves[k]` of `sizes[k]` elements one after
+  /// another: the bits of all_reduce of them packed into one buffer, reduced where they lie
+  /// (worker_group::all_reduce_leaves), so a nest of large leaves costs no copies.
+  template <class E>
+  void all_reduce_leaves(detail::worker_group& g, std::span<E* const> leaves, std::span<const std::size_t> sizes,
+                         ReduceOp op, bool checked) const {
+    const std::vector<void*> untyped(leaves.begin(), leaves.end());
+    g.all_reduce_leaves(untyped.data(), sizes.data(), untyped.size(), detail::element_kind_of<E>(), op,
+                        "mirror::ReplicaContext::all_reduce (cross-worker step)", checked);
   }
 
   /// Called once by `ops::Hierarchical` as the strategy is built: the order is the group's, so

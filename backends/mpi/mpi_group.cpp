@@ -282,6 +282,39 @@ std::unique_ptr<detail::worker_group::started_collective> group::start_all_reduc
   return impl_->post_started(std::move(s));
 }
 
+namespace {
+// The elements of an all_reduce_leaves (the leaves' sum), within MPI's int count.
+std::size_t leaves_total(const std::size_t* counts, std::size_t num_leaves, const char* what) {
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < num_leaves; ++k) total += counts[k];
+  require_int_count(total, what);
+  return total;
+}
+}  // namespace
+
+void group::all_reduce_leaves(void* const* leaves, const std::size_t* counts, std::size_t num_leaves,
+                              detail::element_kind kind, ReduceOp op, const char* what, bool checked) {
+  impl::job j{impl::job::reduce, nullptr, leaves_total(counts, num_leaves, what), kind, op, 0, what, checked, nullptr};
+  j.in_worker_order = impl_->in_worker_order(kind);
+  j.leaves = leaves;
+  j.leaf_counts = counts;
+  j.num_leaves = num_leaves;
+  impl_->run(j);
+}
+
+std::unique_ptr<detail::worker_group::started_collective> group::start_all_reduce_leaves(
+    void* const* leaves, const std::size_t* counts, std::size_t num_leaves, detail::element_kind kind, ReduceOp op,
+    const char* what, bool checked) {
+  auto s = std::make_unique<impl::started>(*impl_, impl::job::reduce, nullptr, leaves_total(counts, num_leaves, what),
+                                           kind, op, what, checked);
+  s->leaves.assign(leaves, leaves + num_leaves);
+  s->sizes.assign(counts, counts + num_leaves);
+  s->j.leaves = s->leaves.data();
+  s->j.leaf_counts = s->sizes.data();
+  s->j.num_leaves = num_leaves;
+  return impl_->post_started(std::move(s));
+}
+
 void group::check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what) {
   if (!impl_->validate) return;
   impl::job j{impl::job::check, nullptr, 0, {}, ReduceOp::sum, root, what, false, nullptr};

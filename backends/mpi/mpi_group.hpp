@@ -63,6 +63,11 @@ class group final : public detail::worker_group {
                   bool checked) override;
   std::unique_ptr<started_collective> start_all_reduce(void* data, std::size_t count, detail::element_kind kind,
                                                        ReduceOp op, const char* what, bool checked) override;
+  void all_reduce_leaves(void* const* leaves, const std::size_t* counts, std::size_t num_leaves,
+                         detail::element_kind kind, ReduceOp op, const char* what, bool checked) override;
+  std::unique_ptr<started_collective> start_all_reduce_leaves(void* const* leaves, const std::size_t* counts,
+                                                              std::size_t num_leaves, detail::element_kind kind,
+                                                              ReduceOp op, const char* what, bool checked) override;
   void check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what) override;
   void broadcast(void* data, std::size_t bytes, int root, const char* what) override;
   void reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,

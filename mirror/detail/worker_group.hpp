@@ -80,6 +80,20 @@ class worker_group {
   virtual std::unique_ptr<started_collective> start_all_reduce(void* data, std::size_t count, element_kind kind,
                                                                ReduceOp op, const char* what, bool checked = false) = 0;
 
+  /// all_reduce of a vector held in `num_leaves` parts, `leaves[k]` of `counts[k]` elements, leaf
+  /// after leaf: the same checks, errors and bits as all_reduce of the parts packed one after
+  /// another into one buffer, without the caller packing them. The group reduces in place what
+  /// lies within one leaf and copies only the rest (a nest of large leaves costs no copies).
+  virtual void all_reduce_leaves(void* const* leaves, const std::size_t* counts, std::size_t num_leaves,
+                                 element_kind kind, ReduceOp op, const char* what, bool checked = false) = 0;
+
+  /// all_reduce_leaves, started, as start_all_reduce is: the leaves must stay valid, and
+  /// untouched, until the handle is waited for or destroyed; `leaves` and `counts` are copied.
+  virtual std::unique_ptr<started_collective> start_all_reduce_leaves(void* const* leaves, const std::size_t* counts,
+                                                                      std::size_t num_leaves, element_kind kind,
+                                                                      ReduceOp op, const char* what,
+                                                                      bool checked = false) = 0;
+
   /// Only the agreement check of a broadcast from worker `root` of a nest whose leaves have
   /// `shape[k]` elements (`any_size` for a resizable leaf, which takes the root's size): a
   /// `shape_error` on every worker when some worker passes another root, another fixed size or

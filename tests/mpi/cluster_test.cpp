@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -392,6 +393,59 @@ TEST_CASE("cluster: MpiAllReduce{.deterministic} folds in worker order: the seri
   }
 }
 
+TEST_CASE("cluster: an all-reduce of several leaves has the bits of the same elements in one span, blocking and started",
+          "[mpi]") {
+  // The cross step reduces several leaves where they lie, a whole MPI call's elements in one leaf,
+  // and copies only the calls that span leaves (worker_group::all_reduce_leaves); MPI must see
+  // the calls of the packed vector. Layouts: a few floats (they ride in the agreement check), a
+  // piece that spans three leaves (one call), and 5.3 MB in three calls of which the first and
+  // last lie in one leaf and the middle one spans four, an empty leaf among them.
+  using Ops = mirror::ops::Hierarchical<mirror::ops::ChunkOwnerAllReduce, mirror::ops::MpiAllReduce>;
+  using Ordered = mirror::Strategy<Cluster, Ops>;
+  const int W = world_size();
+  drop_shared_strategy();
+  const std::vector<std::array<std::size_t, 4>> layouts = {{3, 0, 5, 1}, {70001, 5, 130003, 0}, {600001, 0, 5, 720011}};
+  for (const bool deterministic : {false, true}) {
+    for (const int R : {1, 2}) {
+      const int N = W * R;
+      Ordered s{Cluster{.local = {.replicas = R}, .timeout = std::chrono::seconds(30)},
+                Ops{.cross = {.deterministic = deterministic}}};
+      for (const auto& sizes : layouts) {
+        const std::size_t n = sizes[0] + sizes[1] + sizes[2] + sizes[3];
+        std::vector<std::vector<float>> inputs(static_cast<std::size_t>(N), std::vector<float>(n));
+        std::mt19937 gen(5);
+        std::uniform_real_distribution<float> dist(-1.f, 1.f);
+        for (auto& v : inputs) {
+          for (auto& x : v) x = dist(gen) * std::exp2(float(int(gen() % 16)));  // magnitudes apart: order shows
+        }
+        for (const auto op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max}) {
+          CAPTURE(deterministic, R, n, mirror::to_string(op));
+          // Worker order is the serial loop's; Open MPI's is that too for max, and for two workers.
+          const bool serial = deterministic || op == ReduceOp::max || W == 2;
+          const auto want = hierarchical_reference<float>(op, W, R, inputs);
+          std::atomic<int> wrong{0};
+          s.run([&](auto& ctx) {
+            const auto g = static_cast<std::size_t>(ctx.replica_id_in_sync_group());
+            std::vector<float> whole = inputs[g], blocking = inputs[g], started = inputs[g];
+            const auto leaves_of = [&](std::vector<float>& v) {
+              std::array<std::span<float>, 4> leaves;
+              for (std::size_t k = 0, at = 0; k < 4; at += sizes[k], ++k) leaves[k] = std::span<float>(v).subspan(at, sizes[k]);
+              return leaves;
+            };
+            ctx.all_reduce(op, std::span<float>(whole));
+            ctx.all_reduce(op, leaves_of(blocking));
+            ctx.all_reduce_async(op, leaves_of(started)).wait();
+            if (!mirror::test::same_bits(blocking.data(), whole.data(), n)) ++wrong;
+            if (!mirror::test::same_bits(started.data(), whole.data(), n)) ++wrong;
+            if (serial && !mirror::test::same_bits(whole.data(), want.data(), n)) ++wrong;
+          });
+          CHECK(wrong == 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("cluster: workers that disagree on MpiAllReduce{.deterministic} get a shape_error, and go on", "[mpi][mismatch]") {
   using Ops = mirror::ops::Hierarchical<mirror::ops::ChunkOwnerAllReduce, mirror::ops::MpiAllReduce>;
   const int w = world_rank();
@@ -413,17 +467,19 @@ TEST_CASE("cluster: workers that disagree on MpiAllReduce{.deterministic} get a 
 
 TEST_CASE("cluster: the staging scratch of a cross step lives as long as the strategy", "[mpi]") {
   // Open MPI may write into an abandoned collective's buffer after a failure, so a cluster's
-  // scratch (where several leaves are packed for the cross step) is never trimmed between calls,
-  // unlike a single process's (tests/backends/threads/threads_device_test.cpp).
+  // scratch (where a reduce-scatter of several leaves stages its cross step) is never trimmed
+  // between calls, unlike a single process's (tests/backends/threads/threads_device_test.cpp).
+  // (An all-reduce of several leaves stages in the MPI group's own buffers instead.)
   if (world_size() == 1) {
     SUCCEED("one worker: nothing crosses workers, nothing is staged");
     return;
   }
   Strategy& s = strategy_with(2);
-  const auto big = s.run([](auto& ctx) {
-    return ctx.all_reduce(ReduceOp::sum, std::make_tuple(std::vector<float>(1 << 16, 1.f), std::vector<float>(1 << 16, 2.f)));
+  const auto cut = s.run([](auto& ctx) {
+    return ctx.reduce_scatter(ReduceOp::sum,
+                              std::make_tuple(std::vector<float>(1 << 16, 1.f), std::vector<float>(1 << 16, 2.f)));
   });
-  CHECK(std::get<1>(big.primary())[0] == 2.f * float(s.num_replicas_in_sync()));
+  CHECK(std::get<1>(cut)[0][0] == 2.f * float(s.num_replicas_in_sync()));  // replica 0's cut of leaf 1
   const std::size_t held = s.runtime().scratch_bytes();
   CHECK(held >= (std::size_t{2} << 16) * sizeof(float));
   for (int k = 0; k < 40; ++k) s.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, 1); });

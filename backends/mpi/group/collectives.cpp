@@ -3,6 +3,7 @@
 // how workers tell calls apart).
 
 #include <mirror/backends/mpi/group/impl.hpp>
+#include <mirror/backend/segment_list.hpp>
 
 namespace mirror::mpi {
 
@@ -73,41 +74,7 @@ void group::impl::execute(job& j) {
     // An all-gather's counts were gathered (and checked) just before: equal on every worker.
     const bool check_first =
         j.kind == job::check || (validate && !((j.kind == job::reduce || j.kind == job::gather) && j.checked));
-    // A small reduction's elements ride in the agreement check's message: one collective, not
-    // two. Without a check to make, that message is still the cheapest where it is direct
-    // messages (no libnbc schedule to build).
-    if (carries(j) && (check_first || W <= direct_agreement)) {
-      const job_span carried{trace, check_first ? "agreement check carrying the data" : "small reduction (messages)"};
-      return agree(j, true, check_first);
-    }
-    if (check_first) {
-      const job_span checking{trace, "agreement check"};
-      agree(j);
-    }
-    if (j.kind == job::check) return;
-    // An empty payload still waits for every worker (MPI completes an empty collective at
-    // once, alone): a worker whose run failed before this collective must fail it here too.
-    // The agreement check, where there was one, did.
-    if ((j.kind == job::reduce || j.kind == job::bcast || j.kind == job::scatter) && j.count == 0) {
-      if (!check_first) sync(j);
-      return;
-    }
-    if (j.kind == job::scatter) return scatter(j);
-    if (j.kind == job::gather) return gather(j);
-    if (j.kind == job::counts) return gather_counts(j);
-    if (j.kind == job::reduce && j.in_worker_order) {
-      reduce_in_worker_order(j);
-      return;
-    }
-    if (j.kind == job::reduce) {
-      all_reduce_in_pieces(static_cast<unsigned char*>(j.data), j.count, j.element, j.op, "MPI_Iallreduce", j.what,
-                           nullptr);
-      return;
-    }
-    MPI_Request request = MPI_REQUEST_NULL;
-    log_post(post_bcast, j.count, 0, j.root);
-    check(MPI_Ibcast(j.data, static_cast<int>(j.count), MPI_BYTE, j.root, data, &request), "MPI_Ibcast", j.what);
-    wait(request, j.what);
+    dispatch(j, check_first);
   } catch (const backend_error&) {
     j.error = std::current_exception();
     std::lock_guard lock(mutex);
@@ -115,6 +82,81 @@ void group::impl::execute(job& j) {
   } catch (...) {
     j.error = std::current_exception();
   }
+}
+
+void group::impl::dispatch(job& j, bool check_first) {
+  // A small reduction's elements ride in the agreement check's message: one collective, not
+  // two. Without a check to make, that message is still the cheapest where it is direct
+  // messages (no libnbc schedule to build).
+  const bool rides = carries(j) && (check_first || W <= direct_agreement);
+  // Several leaves go where they are (all_reduce_in_pieces), unless these paths need one buffer.
+  if (j.leaf_counts != nullptr && j.data == nullptr && (rides || j.in_worker_order)) {
+    return reduce_packed(j, check_first);
+  }
+  if (rides) {
+    const job_span carried{trace, check_first ? "agreement check carrying the data" : "small reduction (messages)"};
+    return agree(j, true, check_first);
+  }
+  if (check_first) {
+    const job_span checking{trace, "agreement check"};
+    agree(j);
+  }
+  if (j.kind == job::check) return;
+  // An empty payload still waits for every worker (MPI completes an empty collective at
+  // once, alone): a worker whose run failed before this collective must fail it here too.
+  // The agreement check, where there was one, did.
+  if ((j.kind == job::reduce || j.kind == job::bcast || j.kind == job::scatter) && j.count == 0) {
+    if (!check_first) sync(j);
+    return;
+  }
+  if (j.kind == job::scatter) return scatter(j);
+  if (j.kind == job::gather) return gather(j);
+  if (j.kind == job::counts) return gather_counts(j);
+  if (j.kind == job::reduce && j.in_worker_order) {
+    reduce_in_worker_order(j);
+    return;
+  }
+  if (j.kind == job::reduce) {
+    all_reduce_in_pieces(static_cast<unsigned char*>(j.data), j.count, j.element, j.op, "MPI_Iallreduce", j.what,
+                         nullptr, j.data == nullptr ? &j : nullptr);
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  log_post(post_bcast, j.count, 0, j.root);
+  check(MPI_Ibcast(j.data, static_cast<int>(j.count), MPI_BYTE, j.root, data, &request), "MPI_Ibcast", j.what);
+  wait(request, j.what);
+}
+
+void group::impl::reduce_packed(job& j, bool check_first) {
+  unsigned char* const packed = payload[1].at_least(j.count * j.element.bytes);
+  copy_from_leaves(j, 0, j.count, packed);
+  j.data = packed;
+  const std::size_t given_up = abandoned.size();
+  try {
+    dispatch(j, check_first);
+  } catch (...) {
+    if (abandoned.size() > given_up) keep_until_exit(payload[1].bytes);  // MPI may still write into it
+    throw;
+  }
+  copy_to_leaves(j, 0, j.count, packed);
+}
+
+void group::impl::copy_from_leaves(const job& j, std::size_t first, std::size_t n, unsigned char* to) {
+  const std::size_t size = j.element.bytes;
+  backend::for_each_piece(std::span<const std::size_t>(j.leaf_counts, j.num_leaves), first, first + n,
+                          [&](std::size_t k, std::size_t at, std::size_t count, std::size_t from) {
+                            std::memcpy(to + (from - first) * size,
+                                        static_cast<const unsigned char*>(j.leaves[k]) + at * size, count * size);
+                          });
+}
+
+void group::impl::copy_to_leaves(const job& j, std::size_t first, std::size_t n, const unsigned char* from) {
+  const std::size_t size = j.element.bytes;
+  backend::for_each_piece(std::span<const std::size_t>(j.leaf_counts, j.num_leaves), first, first + n,
+                          [&](std::size_t k, std::size_t at, std::size_t count, std::size_t to) {
+                            std::memcpy(static_cast<unsigned char*>(j.leaves[k]) + at * size,
+                                        from + (to - first) * size, count * size);
+                          });
 }
 
 void group::impl::slices(std::size_t n, std::vector<int>& counts, std::vector<int>& displs) const {
@@ -159,20 +201,38 @@ void group::impl::reduce_in_worker_order(job& j) {
 
 void group::impl::all_reduce_in_pieces(unsigned char* buffer, std::size_t count, detail::element_kind kind,
                                        ReduceOp op, const char* call, const char* what,
-                                       std::unique_ptr<unsigned char[]>* keep) {
+                                       std::unique_ptr<unsigned char[]>* keep, const job* parts) {
   const std::size_t bytes = count * kind.bytes;
   const std::size_t pieces =
       bytes <= whole_all_reduce_bytes ? 1 : (bytes + all_reduce_piece_bytes - 1) / all_reduce_piece_bytes;
   for (std::size_t i = 0; i < pieces; ++i) {
     const auto [first, n] = backend::cut_of(count, static_cast<int>(pieces), static_cast<int>(i));
+    unsigned char* at = parts == nullptr ? buffer + first * kind.bytes : nullptr;
+    std::unique_ptr<unsigned char[]>* owner = keep;
+    bool copied = false;
+    if (parts != nullptr) {
+      // The leaf holding the piece's first element (an empty one holds none), and whether the
+      // piece ends in it too.
+      std::size_t k = 0, start = 0;
+      while (k + 1 < parts->num_leaves && start + parts->leaf_counts[k] <= first) start += parts->leaf_counts[k++];
+      copied = first + n > start + parts->leaf_counts[k];
+      if (copied) {
+        at = payload[1].at_least(n * kind.bytes);
+        owner = &payload[1].bytes;
+        copy_from_leaves(*parts, first, n, at);
+      } else {
+        at = static_cast<unsigned char*>(parts->leaves[k]) + (first - start) * kind.bytes;
+      }
+    }
     log_post(post_allreduce, n, kind.code(), static_cast<std::int64_t>(op));
     MPI_Request request = MPI_REQUEST_NULL;
-    check(post_iallreduce(buffer + first * kind.bytes, n, kind, op, request), call, what);
-    if (keep != nullptr) {
-      wait_keeping(request, what, *keep);
+    check(post_iallreduce(at, n, kind, op, request), call, what);
+    if (owner != nullptr) {
+      wait_keeping(request, what, *owner);
     } else {
       wait(request, what);
     }
+    if (copied) copy_to_leaves(*parts, first, n, at);
   }
 }
 

@@ -265,6 +265,10 @@ struct group::impl {
     std::size_t num_sizes = 0;
     void* out = nullptr;
     void* const* leaves = nullptr;
+    // reduce of several leaves (all_reduce_leaves): leaf k has leaf_counts[k] elements (count:
+    // their sum), and `data` is null until the leaves are packed (reduce_packed).
+    const std::size_t* leaf_counts = nullptr;
+    std::size_t num_leaves = 0;
     const void* const* own = nullptr;  // gather: this worker's part of each leaf, where not in place
     // counts: this worker's block of the all-gather the counts are for (carried_blocks says how).
     const void* block = nullptr;
@@ -277,7 +281,8 @@ struct group::impl {
   struct started final : detail::worker_group::started_collective {
     impl& group;
     job j;
-    std::vector<std::size_t> sizes;  // scatter: the leaf sizes, which j.sizes points to
+    std::vector<std::size_t> sizes;  // scatter: the leaf sizes, which j.sizes points to; reduce: j.leaf_counts
+    std::vector<void*> leaves;       // reduce of several leaves: j.leaves
     bool waited = false;
     started(impl& g, job::kind_t kind, void* data, std::size_t count, detail::element_kind element, ReduceOp op,
             const char* what, bool checked)
@@ -546,7 +551,8 @@ struct group::impl {
   /// rows, an all-gather's packed blocks), kept from one job to the next and grown, never
   /// shrunk: a fresh one costs a page fault per 4 KiB on first touch (glibc maps large blocks
   /// anew each time), which at megabytes takes longer than the collective's own transfer. Two,
-  /// as a job uses at most two at once. Used by whichever thread executes jobs; given up
+  /// as a job uses at most two at once (an all-reduce of several leaves packs them into
+  /// payload[1]; the worker-order fold's rows are payload[0]). Used by whichever thread executes jobs; given up
   /// (keep_until_exit) with an operation that is, and then made anew.
   struct kept_buffer {
     std::unique_ptr<unsigned char[]> bytes;
@@ -602,6 +608,13 @@ struct group::impl {
   detail::trace_track* trace = nullptr;  // the timeline's track of the worker's MPI calls (set under mutex), or null
 
   void execute(job& j);
+  /// What execute() does once the job's failure state is settled: its agreement check
+  /// (`check_first`) and collective.
+  void dispatch(job& j, bool check_first);
+  /// A job of several leaves (job::leaf_counts) whose data rides in the agreement check or folds
+  /// in worker order: its leaves packed into payload[1] (the bytes of one buffer, as those paths
+  /// need), dispatched, and copied back.
+  void reduce_packed(job& j, bool check_first);
 
   /// An all-reduce whose every element folds the workers' values in worker order, (((x0 op x1)
   /// op x2) ...), whatever MPI's algorithms and settings (docs/multi-worker.md\#bits): worker p gets
@@ -623,9 +636,18 @@ struct group::impl {
   /// which glibc maps anew above 32 MiB (a page fault per 4 KiB), and pieces of a few MiB stay
   /// in cache (docs/multi-worker.md, "Large all-reduces"). Every worker cuts alike, and a
   /// reduce-scatter that takes the all-reduce's bits (scatter()) posts the same pieces. `keep`,
-  /// where given, owns `buffer`: kept alive if a wait is given up on (keep_until_exit).
+  /// where given, owns `buffer`: kept alive if a wait is given up on (keep_until_exit). With
+  /// `parts` (a job of several leaves, not packed), `buffer` is unused and the elements are
+  /// parts' leaves one after another: a piece within one leaf is reduced there, one across
+  /// leaves is copied into payload[1] and back. MPI sees the pieces of the packed buffer, so
+  /// the bits are the packed buffer's.
   void all_reduce_in_pieces(unsigned char* buffer, std::size_t count, detail::element_kind kind, ReduceOp op,
-                            const char* call, const char* what, std::unique_ptr<unsigned char[]>* keep);
+                            const char* call, const char* what, std::unique_ptr<unsigned char[]>* keep,
+                            const job* parts = nullptr);
+  /// Elements [first, first + n) of a job's leaves (job::leaf_counts), counted across the leaves
+  /// one after another: copied to `to`, or from `from` into the leaves.
+  static void copy_from_leaves(const job& j, std::size_t first, std::size_t n, unsigned char* to);
+  static void copy_to_leaves(const job& j, std::size_t first, std::size_t n, const unsigned char* from);
   static constexpr std::size_t whole_all_reduce_bytes = 4u << 20;
   static constexpr std::size_t all_reduce_piece_bytes = 2u << 20;
 
