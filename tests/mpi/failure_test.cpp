@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 #include <mirror/mirror.hpp>
 
@@ -95,8 +96,9 @@ void alternate(Strategy& s, int rounds) {
         step(6);
         ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(1500, float(g)));  // in cuts: one round
         step(7);
-        // 5 MB: three MPI_Iallreduce's in turn (pieces), of which a recovery completes the first
-        ctx.all_reduce(ReduceOp::sum, std::vector<float>(1'250'000, 1.0f));
+        // 5 MB: three MPI_Iallreduce's in turn (pieces), of which a recovery completes the first;
+        // in two leaves, so the first and last are posted on a leaf and the middle one on a copy
+        ctx.all_reduce(ReduceOp::sum, std::make_tuple(std::vector<float>(600'000, 1.0f), std::vector<float>(650'000, 1.0f)));
         step(8);
         ctx.reduce_scatter(ReduceOp::sum, std::vector<float>(1'250'000, float(g)));  // the same pieces
         step(9);
@@ -136,7 +138,7 @@ TEST_CASE("failure: failing and clean runs alternate 100 times; every clean run 
   // point of fn: before any collective (the others' posts of the first one are left unmatched),
   // between collectives (a large all_reduce on the ring algorithm, a scalar one, a broadcast, a
   // max, one in the check's wide message, an all-reduce and a reduce-scatter in cuts, an
-  // all-reduce and a reduce-scatter of 5 MB in pieces), or after
+  // all-reduce of two leaves and a reduce-scatter of 5 MB in pieces), or after
   // the last one (only its own worker notices). The clean run after it and a reduce
   // outside run check the sums; a worker that paired a new collective with a stale one would get
   // another worker's old data, a shape_error, or hang (the launch's limit ends that: the timeout is
