@@ -8,12 +8,12 @@
 // all-gather) instead of one MPI_Iallreduce.
 // --verb: all_reduce (default; against MPI_Allreduce in place), reduce_scatter (each replica's
 // BYTES reduced, its cut kept, in place on a span; against MPI_Reduce_scatter_block of the same
-// BYTES per process) or all_gather (BYTES gathered in all, BYTES / (W*R) from each replica, the
-// span form; against MPI_Allgather) or all_reduce_async (all_reduce_async, then wait(); against
-// MPI_Allreduce). all_reduce and all_reduce_async move BYTES / 4 floats (at least two), with
-// --two-leaves as a nest of two spans of half the BYTES each (against MPI_Allreduce of the same
-// BYTES in one buffer); the other verbs round BYTES down to a multiple of 4*W*R (at least that),
-// so every replica has a share.
+// BYTES per process), all_gather (BYTES gathered in all, BYTES / (W*R) from each replica, the
+// span form; against MPI_Allgather), or all_reduce_async and reduce_scatter_async (the started
+// form, then wait(); against the same MPI calls). all_reduce moves BYTES / 4 floats (at least
+// one); the other verbs round BYTES down to a multiple of 4*W*R (at least that), so every
+// replica has a share. --two-leaves (the all-reduces and reduce-scatters): the BYTES as a nest of
+// two spans of about half each, against the MPI call on the same BYTES in one buffer.
 // Rank 0 prints Google Benchmark-shaped JSON (impl:cluster / impl:mpi, real_time in ns per
 // call), repetitions of the two alternating, so bench/report.py can read it.
 #include <mirror/mirror.hpp>
@@ -89,9 +89,11 @@ int main(int argc, char** argv) {
       two_leaves = true;
     } else if (!std::strcmp(argv[i], "--verb") && i + 1 < argc) {
       verb = argv[++i];
-      if (verb != "all_reduce" && verb != "reduce_scatter" && verb != "all_gather" && verb != "all_reduce_async") {
+      if (verb != "all_reduce" && verb != "reduce_scatter" && verb != "all_gather" && verb != "all_reduce_async" &&
+          verb != "reduce_scatter_async") {
         if (rank == 0) {
-          std::fprintf(stderr, "mpi_cluster_bench: --verb all_reduce|reduce_scatter|all_gather|all_reduce_async\n");
+          std::fprintf(stderr, "mpi_cluster_bench: --verb all_reduce|reduce_scatter|all_gather|all_reduce_async|"
+                               "reduce_scatter_async\n");
         }
         MPI_Abort(MPI_COMM_WORLD, 2);
       }
@@ -100,8 +102,8 @@ int main(int argc, char** argv) {
     }
   }
   if (sizes.empty()) sizes = {4, 64 << 10, 64 << 20};
-  if (two_leaves && verb != "all_reduce" && verb != "all_reduce_async") {
-    if (rank == 0) std::fprintf(stderr, "mpi_cluster_bench: --two-leaves is for all_reduce and all_reduce_async\n");
+  if (two_leaves && verb == "all_gather") {
+    if (rank == 0) std::fprintf(stderr, "mpi_cluster_bench: --two-leaves is for the all-reduces and reduce-scatters\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   {
@@ -122,6 +124,7 @@ int main(int argc, char** argv) {
     for (const std::size_t bytes : sizes) {
       const std::size_t N = static_cast<std::size_t>(size * replicas);
       const bool all_reduce = verb == "all_reduce" || verb == "all_reduce_async";
+      const bool scatters = verb == "reduce_scatter" || verb == "reduce_scatter_async";
       const std::size_t multiple = all_reduce ? (two_leaves ? 2 : 1) : N;
       const std::size_t n = std::max<std::size_t>(multiple, bytes / sizeof(float) / multiple * multiple);
       const std::size_t part = n / N;  // all_gather: each replica's share; reduce_scatter: its cut
@@ -133,13 +136,22 @@ int main(int argc, char** argv) {
         s.run([&](auto& ctx) {
           std::span<float> mine(bufs[static_cast<std::size_t>(ctx.replica_id_in_sync_group() % replicas)]);
           for (long k = 0; k < iters; ++k) {
-            if (verb == "reduce_scatter") {
+            const std::size_t half = mine.size() / 2 / multiple * multiple;  // a share per replica
+            const std::array<std::span<float>, 2> halves{mine.first(half), mine.subspan(half)};
+            if (scatters && two_leaves) {
+              if (verb == "reduce_scatter_async") {
+                ctx.reduce_scatter_async(mirror::ReduceOp::sum, halves).wait();
+              } else {
+                ctx.reduce_scatter(mirror::ReduceOp::sum, halves);
+              }
+            } else if (verb == "reduce_scatter_async") {
+              ctx.reduce_scatter_async(mirror::ReduceOp::sum, mine).wait();
+            } else if (verb == "reduce_scatter") {
               ctx.reduce_scatter(mirror::ReduceOp::sum, mine);
             } else if (verb == "all_gather") {
               ctx.all_gather(std::span<const float>(parts[static_cast<std::size_t>(ctx.replica_id_in_sync_group() % replicas)]),
                              mine, mirror::axis0);
             } else if (two_leaves) {
-              const std::array<std::span<float>, 2> halves{mine.first(mine.size() / 2), mine.subspan(mine.size() / 2)};
               if (verb == "all_reduce_async") {
                 ctx.all_reduce_async(mirror::ReduceOp::sum, halves).wait();
               } else {
@@ -157,7 +169,7 @@ int main(int argc, char** argv) {
       const int per_process = static_cast<int>(n / static_cast<std::size_t>(size));
       auto mpi = [&](long iters) {
         for (long k = 0; k < iters; ++k) {
-          if (verb == "reduce_scatter") {
+          if (scatters) {
             MPI_Reduce_scatter_block(raw.data(), raw_out.data(), per_process, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
           } else if (verb == "all_gather") {
             MPI_Allgather(raw.data(), per_process, MPI_FLOAT, raw_out.data(), per_process, MPI_FLOAT, MPI_COMM_WORLD);

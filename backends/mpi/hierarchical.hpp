@@ -177,11 +177,10 @@ struct Hierarchical {
     if (in.leaves.size() == 1) {
       s->cross = g.start_reduce_scatter(in.leaves[0], in.sizes.data(), 1, out.leaves[0], kind, op, what);
     } else {
-      // Several leaves cross as one buffer of the operation's own, which outlives the step.
-      s->packed.resize(in.total);
-      concatenate(in, s->packed.data());
-      s->cross = g.start_reduce_scatter(s->packed.data(), in.sizes.data(), in.leaves.size(), s->packed.data(), kind,
-                                        op, what);
+      // Several leaves cross from and into where they lie (worker_group::reduce_scatter_leaves).
+      const std::vector<const void*> from(in.leaves.begin(), in.leaves.end());
+      const std::vector<void*> to(out.leaves.begin(), out.leaves.end());
+      s->cross = g.start_reduce_scatter_leaves(from.data(), in.sizes.data(), from.size(), to.data(), kind, op, what);
     }
     return reduce_scatter_in_flight<E>(std::move(s));
   }
@@ -248,20 +247,14 @@ struct Hierarchical {
     const std::size_t n = static_cast<std::size_t>(W) * static_cast<std::size_t>(R);
     const char* what = "mirror::ReplicaContext::reduce_scatter (cross-worker step)";
     if (R == 1) {
-      // This replica's cut is its worker's whole range: straight from and into the leaves when
-      // there is one, else through the scratch (the cross step may write over what it read).
+      // This replica's cut is its worker's whole range: straight from and into the leaves.
       if (K == 1) {
         g.reduce_scatter(in.leaves[0], in.sizes.data(), 1, out.leaves[0], detail::element_kind_of<E>(),
                          op, what);
       } else {
-        E* packed = rt.template scratch<E>(self, in.total);
-        concatenate(in, packed);
-        g.reduce_scatter(packed, in.sizes.data(), K, packed, detail::element_kind_of<E>(), op, what);
-        std::size_t at = 0;
-        for (std::size_t k = 0; k < K; ++k) {
-          std::copy(packed + at, packed + at + out.sizes[k], out.leaves[k]);
-          at += out.sizes[k];
-        }
+        const std::vector<const void*> from(in.leaves.begin(), in.leaves.end());
+        const std::vector<void*> to(out.leaves.begin(), out.leaves.end());
+        g.reduce_scatter_leaves(from.data(), in.sizes.data(), K, to.data(), detail::element_kind_of<E>(), op, what);
       }
       if (op == ReduceOp::mean) {
         for (std::size_t k = 0; k < K; ++k) rt.divide(self, out.leaves[k], out.sizes[k], n);

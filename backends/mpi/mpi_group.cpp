@@ -372,6 +372,33 @@ std::unique_ptr<detail::worker_group::started_collective> group::start_reduce_sc
   return impl_->post_started(std::move(s));
 }
 
+void group::reduce_scatter_leaves(const void* const* in, const std::size_t* leaf_sizes, std::size_t num_leaves,
+                                  void* const* out, detail::element_kind kind, ReduceOp op, const char* what) {
+  impl::job j{impl::job::scatter, nullptr, scatter_total(leaf_sizes, num_leaves, what), kind, op, 0, what, false,
+              nullptr};
+  j.in_worker_order = impl_->in_worker_order(kind);
+  j.sizes = j.leaf_counts = leaf_sizes;
+  j.num_sizes = j.num_leaves = num_leaves;
+  j.leaves = const_cast<void* const*>(in);  // read only (job::leaves)
+  j.out_leaves = out;
+  impl_->run(j);
+}
+
+std::unique_ptr<detail::worker_group::started_collective> group::start_reduce_scatter_leaves(
+    const void* const* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* const* out,
+    detail::element_kind kind, ReduceOp op, const char* what) {
+  auto s = std::make_unique<impl::started>(*impl_, impl::job::scatter, nullptr,
+                                           scatter_total(leaf_sizes, num_leaves, what), kind, op, what, false);
+  s->sizes.assign(leaf_sizes, leaf_sizes + num_leaves);
+  for (std::size_t k = 0; k < num_leaves; ++k) s->leaves.push_back(const_cast<void*>(in[k]));  // read only
+  s->out_leaves.assign(out, out + num_leaves);
+  s->j.sizes = s->j.leaf_counts = s->sizes.data();
+  s->j.num_sizes = s->j.num_leaves = num_leaves;
+  s->j.leaves = s->leaves.data();
+  s->j.out_leaves = s->out_leaves.data();
+  return impl_->post_started(std::move(s));
+}
+
 void group::all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts,
                        std::size_t element_bytes, const char* what, bool checked, const void* const* own) {
   if (checked && num_leaves == 1 && impl_->take_carried_blocks(leaves[0], counts, element_bytes, own)) return;

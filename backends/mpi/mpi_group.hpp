@@ -76,6 +76,12 @@ class group final : public detail::worker_group {
                                                            std::size_t num_leaves, void* out,
                                                            detail::element_kind kind, ReduceOp op,
                                                            const char* what) override;
+  void reduce_scatter_leaves(const void* const* in, const std::size_t* leaf_sizes, std::size_t num_leaves,
+                             void* const* out, detail::element_kind kind, ReduceOp op, const char* what) override;
+  std::unique_ptr<started_collective> start_reduce_scatter_leaves(const void* const* in, const std::size_t* leaf_sizes,
+                                                                  std::size_t num_leaves, void* const* out,
+                                                                  detail::element_kind kind, ReduceOp op,
+                                                                  const char* what) override;
   void all_gather(void* const* leaves, std::size_t num_leaves, const std::size_t* counts, std::size_t element_bytes,
                   const char* what, bool checked, const void* const* own = nullptr) override;
   void all_gather_counts(const std::size_t* mine, std::size_t per_worker, std::size_t* all, const char* what,

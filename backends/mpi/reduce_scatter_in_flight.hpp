@@ -5,7 +5,6 @@
 /// reduce-scatter that was started (`ReplicaContext::reduce_scatter_async`) and has not completed.
 
 #include <cstddef>
-#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -17,8 +16,7 @@ namespace mirror::ops {
 
 /// Between `Hierarchical::reduce_scatter_start` and `finish`: the cross-worker step is on the
 /// worker's communication thread (one local replica, so this replica's cut is its worker's
-/// whole range), writing either straight into the replica's cut (one leaf) or into the packed
-/// buffer this part owns (several), from which `finish` copies each leaf's cut.
+/// whole range), reading the replica's leaves and writing straight into its cut of each.
 template <class E>
 class reduce_scatter_in_flight {
  public:
@@ -38,7 +36,6 @@ class reduce_scatter_in_flight {
   /// What the cross step works on, and what finish() does after it.
   struct state {
     std::unique_ptr<detail::worker_group::started_collective> cross;  ///< the posted step
-    std::vector<E> packed;               ///< several leaves: the contribution, then the cuts
     std::vector<E*> out;                 ///< per leaf, this replica's cut
     std::vector<std::size_t> out_sizes;  ///< per leaf, the cut's elements
     ReduceOp op = ReduceOp::sum;         ///< the user's op (a mean is divided here)
@@ -53,12 +50,7 @@ class reduce_scatter_in_flight {
     if (state_ == nullptr) return;
     const std::unique_ptr<state> s = std::move(state_);
     s->cross->wait();
-    std::size_t at = 0;
     for (std::size_t k = 0; k < s->out.size(); ++k) {
-      if (!s->packed.empty() && s->out_sizes[k] > 0) {
-        std::memcpy(s->out[k], s->packed.data() + at, s->out_sizes[k] * sizeof(E));
-      }
-      at += s->out_sizes[k];
       if (s->op == ReduceOp::mean) detail::divide_all(s->out[k], s->out_sizes[k], s->divisor);
     }
   }

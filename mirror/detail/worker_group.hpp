@@ -112,6 +112,21 @@ class worker_group {
   virtual void reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,
                               element_kind kind, ReduceOp op, const char* what) = 0;
 
+  /// reduce_scatter of leaves where they lie: `in[k]` (`leaf_sizes[k]` elements) are the
+  /// leaves reduce_scatter takes concatenated, and this worker's range of leaf k goes to
+  /// `out[k]` (which may lie within `in[k]`). The same checks, errors and bits, without the
+  /// caller packing them.
+  virtual void reduce_scatter_leaves(const void* const* in, const std::size_t* leaf_sizes, std::size_t num_leaves,
+                                     void* const* out, element_kind kind, ReduceOp op, const char* what) = 0;
+
+  /// reduce_scatter_leaves, started, as start_reduce_scatter is: the leaves must stay valid, and
+  /// untouched, until the handle is waited for or destroyed; the arrays are copied.
+  virtual std::unique_ptr<started_collective> start_reduce_scatter_leaves(const void* const* in,
+                                                                          const std::size_t* leaf_sizes,
+                                                                          std::size_t num_leaves, void* const* out,
+                                                                          element_kind kind, ReduceOp op,
+                                                                          const char* what) = 0;
+
   /// reduce_scatter, started, as start_all_reduce is (ReplicaContext::reduce_scatter_async):
   /// `in` and `out` must stay valid, and untouched, until the handle is waited for or
   /// destroyed; `leaf_sizes` is copied.

@@ -393,13 +393,16 @@ TEST_CASE("cluster: MpiAllReduce{.deterministic} folds in worker order: the seri
   }
 }
 
-TEST_CASE("cluster: an all-reduce of several leaves has the bits of the same elements in one span, blocking and started",
+TEST_CASE("cluster: all-reduce and reduce-scatter of several leaves have the bits of the same elements in one span",
           "[mpi]") {
   // The cross step reduces several leaves where they lie, a whole MPI call's elements in one leaf,
   // and copies only the calls that span leaves (worker_group::all_reduce_leaves); MPI must see
   // the calls of the packed vector. Layouts: a few floats (they ride in the agreement check), a
   // piece that spans three leaves (one call), and 5.3 MB in three calls of which the first and
-  // last lie in one leaf and the middle one spans four, an empty leaf among them.
+  // last lie in one leaf and the middle one spans four, an empty leaf among them. A
+  // reduce-scatter of the same leaves reads them where they lie and writes each cut in place
+  // (worker_group::reduce_scatter_leaves): each cut has the all-reduce's bits, the rest of each
+  // span is left as it was.
   using Ops = mirror::ops::Hierarchical<mirror::ops::ChunkOwnerAllReduce, mirror::ops::MpiAllReduce>;
   using Ordered = mirror::Strategy<Cluster, Ops>;
   const int W = world_size();
@@ -432,12 +435,25 @@ TEST_CASE("cluster: an all-reduce of several leaves has the bits of the same ele
               for (std::size_t k = 0, at = 0; k < 4; at += sizes[k], ++k) leaves[k] = std::span<float>(v).subspan(at, sizes[k]);
               return leaves;
             };
+            std::vector<float> scattered = inputs[g], scattered_started = inputs[g];
             ctx.all_reduce(op, std::span<float>(whole));
             ctx.all_reduce(op, leaves_of(blocking));
             ctx.all_reduce_async(op, leaves_of(started)).wait();
+            ctx.reduce_scatter(op, leaves_of(scattered));
+            ctx.reduce_scatter_async(op, leaves_of(scattered_started)).wait();
             if (!mirror::test::same_bits(blocking.data(), whole.data(), n)) ++wrong;
             if (!mirror::test::same_bits(started.data(), whole.data(), n)) ++wrong;
             if (serial && !mirror::test::same_bits(whole.data(), want.data(), n)) ++wrong;
+            for (std::size_t k = 0, at = 0; k < 4; at += sizes[k], ++k) {
+              const auto [first, count] = mirror::backend::cut_of(sizes[k], N, static_cast<int>(g));
+              for (const std::vector<float>* v : {&scattered, &scattered_started}) {
+                // The cut: the all-reduce's bits; before and after it, the input.
+                if (!mirror::test::same_bits(v->data() + at + first, whole.data() + at + first, count)) ++wrong;
+                if (!mirror::test::same_bits(v->data() + at, inputs[g].data() + at, first)) ++wrong;
+                const std::size_t end = first + count;
+                if (!mirror::test::same_bits(v->data() + at + end, inputs[g].data() + at + end, sizes[k] - end)) ++wrong;
+              }
+            }
           });
           CHECK(wrong == 0);
         }

@@ -90,7 +90,7 @@ void group::impl::dispatch(job& j, bool check_first) {
   // messages (no libnbc schedule to build).
   const bool rides = carries(j) && (check_first || W <= direct_agreement);
   // Several leaves go where they are (all_reduce_in_pieces), unless these paths need one buffer.
-  if (j.leaf_counts != nullptr && j.data == nullptr && (rides || j.in_worker_order)) {
+  if (j.leaf_counts != nullptr && j.data == nullptr && (rides || (j.kind == job::reduce && j.in_worker_order))) {
     return reduce_packed(j, check_first);
   }
   if (rides) {
@@ -138,7 +138,7 @@ void group::impl::reduce_packed(job& j, bool check_first) {
     if (abandoned.size() > given_up) keep_until_exit(payload[1].bytes);  // MPI may still write into it
     throw;
   }
-  copy_to_leaves(j, 0, j.count, packed);
+  if (j.kind == job::reduce) copy_to_leaves(j, 0, j.count, packed);  // a scatter wrote its ranges out
 }
 
 void group::impl::copy_from_leaves(const job& j, std::size_t first, std::size_t n, unsigned char* to) {
@@ -260,11 +260,11 @@ void group::impl::sync(job& j) {
 void group::impl::scatter(job& j) {
   const std::size_t K = j.num_sizes, bytes = j.element.bytes, Wn = static_cast<std::size_t>(W);
   const auto* in = static_cast<const unsigned char*>(j.data);
-  auto* out = static_cast<unsigned char*>(j.out);
   const MPI_Datatype type = datatype_of(j.element);
   if (!scatter_by_worker(j)) {
     unsigned char* const whole = payload[0].at_least(j.count * bytes);
-    if (j.count != 0) std::memcpy(whole, in, j.count * bytes);
+    if (j.count != 0 && in != nullptr) std::memcpy(whole, in, j.count * bytes);
+    if (in == nullptr) copy_from_leaves(j, 0, j.count, whole);  // reduce_scatter_leaves
     all_reduce_in_pieces(whole, j.count, j.element, j.op, "MPI_Iallreduce (reduce-scatter)", j.what,
                          &payload[0].bytes);
     keep_ranges(j, whole);
@@ -281,7 +281,8 @@ void group::impl::scatter(job& j) {
                                     .c_str());
   }
   // One leaf whose ranges are equal is already laid out as W blocks: sent as it is.
-  const bool direct = K == 1 && std::all_of(per.begin(), per.end(), [&](std::size_t c) { return c == block; });
+  const bool direct =
+      in != nullptr && K == 1 && std::all_of(per.begin(), per.end(), [&](std::size_t c) { return c == block; });
   // Kept from job to job, and given up with the exchange if it is (keep_until_exit says why).
   unsigned char* packed = nullptr;
   if (!direct) {
@@ -302,16 +303,18 @@ void group::impl::scatter(job& j) {
     throw;
   }
   fold_rows(rows, block * bytes, mine, j.element, j.op, "MPI_Reduce_local (reduce-scatter)", j.what);
-  if (mine != 0) std::memmove(out, rows, mine * bytes);
+  keep_ranges(j, rows, true);
 }
 
-void group::impl::keep_ranges(const job& j, const unsigned char* whole) const {
+void group::impl::keep_ranges(const job& j, const unsigned char* from, bool packed) const {
   const std::size_t bytes = j.element.bytes;
   auto* out = static_cast<unsigned char*>(j.out);
-  std::size_t pos = 0;
+  std::size_t pos = 0, k = 0;
   visit_cut(j, w, [&](std::size_t at, std::size_t count) {
-    if (count != 0) std::memmove(out + pos, whole + at * bytes, count * bytes);
+    unsigned char* const to = j.out_leaves != nullptr ? static_cast<unsigned char*>(j.out_leaves[k]) : out + pos;
+    if (count != 0) std::memmove(to, packed ? from + pos : from + at * bytes, count * bytes);
     pos += count * bytes;
+    ++k;
   });
 }
 
@@ -320,7 +323,8 @@ std::size_t group::impl::pack_cut(const job& j, int p, unsigned char* to) const 
   const auto* in = static_cast<const unsigned char*>(j.data);
   std::size_t pos = 0;
   visit_cut(j, p, [&](std::size_t at, std::size_t count) {
-    if (count != 0) std::memcpy(to + pos, in + at * bytes, count * bytes);
+    if (count != 0 && in != nullptr) std::memcpy(to + pos, in + at * bytes, count * bytes);
+    if (count != 0 && in == nullptr) copy_from_leaves(j, at, count, to + pos);  // reduce_scatter_leaves
     pos += count * bytes;
   });
   return pos;
@@ -732,8 +736,7 @@ void group::impl::agree(job& j, bool carried, bool keyed) {
   if (carried && carries_cuts(j)) {
     if (exchange_cuts(j, key)) {
       if (j.kind == job::scatter) {
-        const std::size_t mine = visit_cut(j, w, [](std::size_t, std::size_t) {});
-        if (mine != 0) std::memcpy(j.out, exchange_rows.get() + direct_header_bytes, mine * j.element.bytes);
+        keep_ranges(j, exchange_rows.get() + direct_header_bytes, true);
       } else {
         gather_cuts(j);
       }

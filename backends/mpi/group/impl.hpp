@@ -265,10 +265,13 @@ struct group::impl {
     std::size_t num_sizes = 0;
     void* out = nullptr;
     void* const* leaves = nullptr;
-    // reduce of several leaves (all_reduce_leaves): leaf k has leaf_counts[k] elements (count:
-    // their sum), and `data` is null until the leaves are packed (reduce_packed).
+    // reduce or scatter of several leaves where they lie (all_reduce_leaves,
+    // reduce_scatter_leaves): leaf k, at leaves[k] (only read by a scatter), has leaf_counts[k]
+    // elements (count: their sum), and `data` is null until the leaves are packed
+    // (reduce_packed); a scatter writes this worker's range of leaf k to out_leaves[k], not `out`.
     const std::size_t* leaf_counts = nullptr;
     std::size_t num_leaves = 0;
+    void* const* out_leaves = nullptr;
     const void* const* own = nullptr;  // gather: this worker's part of each leaf, where not in place
     // counts: this worker's block of the all-gather the counts are for (carried_blocks says how).
     const void* block = nullptr;
@@ -282,7 +285,8 @@ struct group::impl {
     impl& group;
     job j;
     std::vector<std::size_t> sizes;  // scatter: the leaf sizes, which j.sizes points to; reduce: j.leaf_counts
-    std::vector<void*> leaves;       // reduce of several leaves: j.leaves
+    std::vector<void*> leaves;       // several leaves: j.leaves
+    std::vector<void*> out_leaves;   // scatter of several leaves: j.out_leaves
     bool waited = false;
     started(impl& g, job::kind_t kind, void* data, std::size_t count, detail::element_kind element, ReduceOp op,
             const char* what, bool checked)
@@ -611,9 +615,9 @@ struct group::impl {
   /// What execute() does once the job's failure state is settled: its agreement check
   /// (`check_first`) and collective.
   void dispatch(job& j, bool check_first);
-  /// A job of several leaves (job::leaf_counts) whose data rides in the agreement check or folds
-  /// in worker order: its leaves packed into payload[1] (the bytes of one buffer, as those paths
-  /// need), dispatched, and copied back.
+  /// A job of several leaves (job::leaf_counts) whose data rides in the agreement check or (an
+  /// all-reduce) folds in worker order: its leaves packed into payload[1] (the bytes of one
+  /// buffer, as those paths need), dispatched, and an all-reduce's copied back.
   void reduce_packed(job& j, bool check_first);
 
   /// An all-reduce whose every element folds the workers' values in worker order, (((x0 op x1)
@@ -861,9 +865,10 @@ struct group::impl {
   /// covers all of it.
   bool carries(const job& j) const noexcept;
 
-  /// A reduce-scatter's result from the reduction of the whole of its input (`whole`, j.count
-  /// elements): this worker's range of each leaf, in turn, into j.out.
-  void keep_ranges(const job& j, const unsigned char* whole) const;
+  /// A reduce-scatter's result: this worker's range of each leaf, in turn, into j.out (or each
+  /// into its j.out_leaves[k]), from `from`: the reduction of the whole of the input (j.count
+  /// elements), or (`packed`) of this worker's ranges only, one after another.
+  void keep_ranges(const job& j, const unsigned char* from, bool packed = false) const;
 
   /// The error of a failed agreement check, from every worker's description (`all`, W of
   /// description_words): the same text and type on every worker. Every worker also aligns its
