@@ -58,7 +58,9 @@ class all_reduce_in_flight {
     bool delivered = false;  ///< deliver() has run (guarded by mutex)
     std::exception_ptr error;  ///< what the delivery threw, rethrown to every local replica
     std::unique_ptr<detail::worker_group::started_collective> cross;  ///< set before any replica can finish
-    std::vector<std::vector<E*>> leaves;  ///< per local replica, its leaves (each writes its own entry); replica 0's cross
+    /// Per local replica, its leaves (each writes its own entry); replica 0's are the ones the
+    /// cross step reduces in place.
+    std::vector<std::vector<E*>> leaves;
     std::vector<std::size_t> sizes;       ///< per leaf, its elements
     ReduceOp op = ReduceOp::sum;          ///< the user's op (a mean is divided here)
     std::size_t divisor = 1;              ///< W*R, for a mean

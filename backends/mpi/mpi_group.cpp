@@ -256,14 +256,23 @@ void group::check_all_reduce(std::size_t count, detail::element_kind kind, Reduc
 }
 
 namespace {
-// MPI counts are ints.
-void require_int_count(std::size_t count, const char* what) {
+// MPI counts are ints. `collective` names it in the message.
+void require_int_count(std::size_t count, const char* what, const char* collective = "all-reduce") {
   if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
     throw std::invalid_argument(
-        detail::format("%s: %zu elements in one cross-worker all-reduce exceed MPI's int count; split the leaf", what,
-                       count)
+        detail::format("%s: %zu elements in one cross-worker %s exceed MPI's int count; split the leaf", what, count,
+                       collective)
             .c_str());
   }
+}
+
+// The elements of several leaves (their sum), within MPI's int count.
+std::size_t leaves_total(const std::size_t* counts, std::size_t num_leaves, const char* what,
+                         const char* collective = "all-reduce") {
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < num_leaves; ++k) total += counts[k];
+  require_int_count(total, what, collective);
+  return total;
 }
 }  // namespace
 
@@ -281,16 +290,6 @@ std::unique_ptr<detail::worker_group::started_collective> group::start_all_reduc
   auto s = std::make_unique<impl::started>(*impl_, impl::job::reduce, data, count, kind, op, what, checked);
   return impl_->post_started(std::move(s));
 }
-
-namespace {
-// The elements of an all_reduce_leaves (the leaves' sum), within MPI's int count.
-std::size_t leaves_total(const std::size_t* counts, std::size_t num_leaves, const char* what) {
-  std::size_t total = 0;
-  for (std::size_t k = 0; k < num_leaves; ++k) total += counts[k];
-  require_int_count(total, what);
-  return total;
-}
-}  // namespace
 
 void group::all_reduce_leaves(void* const* leaves, const std::size_t* counts, std::size_t num_leaves,
                               detail::element_kind kind, ReduceOp op, const char* what, bool checked) {
@@ -337,15 +336,7 @@ void group::broadcast(void* data, std::size_t bytes, int root, const char* what)
 namespace {
 // A reduce-scatter's elements (the leaves' sum), within MPI's int count.
 std::size_t scatter_total(const std::size_t* leaf_sizes, std::size_t num_leaves, const char* what) {
-  std::size_t total = 0;
-  for (std::size_t k = 0; k < num_leaves; ++k) total += leaf_sizes[k];
-  if (total > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    throw std::invalid_argument(
-        detail::format("%s: %zu elements in one cross-worker reduce-scatter exceed MPI's int count; split the leaf",
-                       what, total)
-            .c_str());
-  }
-  return total;
+  return leaves_total(leaf_sizes, num_leaves, what, "reduce-scatter");
 }
 }  // namespace
 

@@ -159,6 +159,12 @@ void group::impl::copy_to_leaves(const job& j, std::size_t first, std::size_t n,
                           });
 }
 
+void group::impl::copy_input(const job& j, std::size_t first, std::size_t n, unsigned char* to) {
+  if (n == 0) return;
+  if (j.data == nullptr) return copy_from_leaves(j, first, n, to);
+  std::memcpy(to, static_cast<const unsigned char*>(j.data) + first * j.element.bytes, n * j.element.bytes);
+}
+
 void group::impl::slices(std::size_t n, std::vector<int>& counts, std::vector<int>& displs) const {
   counts.assign(static_cast<std::size_t>(W), 0);
   displs.assign(static_cast<std::size_t>(W), 0);
@@ -263,8 +269,7 @@ void group::impl::scatter(job& j) {
   const MPI_Datatype type = datatype_of(j.element);
   if (!scatter_by_worker(j)) {
     unsigned char* const whole = payload[0].at_least(j.count * bytes);
-    if (j.count != 0 && in != nullptr) std::memcpy(whole, in, j.count * bytes);
-    if (in == nullptr) copy_from_leaves(j, 0, j.count, whole);  // reduce_scatter_leaves
+    copy_input(j, 0, j.count, whole);
     all_reduce_in_pieces(whole, j.count, j.element, j.op, "MPI_Iallreduce (reduce-scatter)", j.what,
                          &payload[0].bytes);
     keep_ranges(j, whole);
@@ -320,11 +325,9 @@ void group::impl::keep_ranges(const job& j, const unsigned char* from, bool pack
 
 std::size_t group::impl::pack_cut(const job& j, int p, unsigned char* to) const {
   const std::size_t bytes = j.element.bytes;
-  const auto* in = static_cast<const unsigned char*>(j.data);
   std::size_t pos = 0;
   visit_cut(j, p, [&](std::size_t at, std::size_t count) {
-    if (count != 0 && in != nullptr) std::memcpy(to + pos, in + at * bytes, count * bytes);
-    if (count != 0 && in == nullptr) copy_from_leaves(j, at, count, to + pos);  // reduce_scatter_leaves
+    copy_input(j, at, count, to + pos);
     pos += count * bytes;
   });
   return pos;

@@ -556,8 +556,8 @@ struct group::impl {
   /// shrunk: a fresh one costs a page fault per 4 KiB on first touch (glibc maps large blocks
   /// anew each time), which at megabytes takes longer than the collective's own transfer. Two,
   /// as a job uses at most two at once (an all-reduce of several leaves packs them into
-  /// payload[1]; the worker-order fold's rows are payload[0]). Used by whichever thread executes jobs; given up
-  /// (keep_until_exit) with an operation that is, and then made anew.
+  /// payload[1]; the worker-order fold's rows are payload[0]). Used by whichever thread
+  /// executes jobs; given up (keep_until_exit) with an operation that is, and then made anew.
   struct kept_buffer {
     std::unique_ptr<unsigned char[]> bytes;
     std::size_t size = 0;
@@ -652,6 +652,9 @@ struct group::impl {
   /// one after another: copied to `to`, or from `from` into the leaves.
   static void copy_from_leaves(const job& j, std::size_t first, std::size_t n, unsigned char* to);
   static void copy_to_leaves(const job& j, std::size_t first, std::size_t n, const unsigned char* from);
+  /// Elements [first, first + n) of a reduce-scatter's input copied to `to`: from j.data, or
+  /// from its leaves where it has no data (reduce_scatter_leaves).
+  static void copy_input(const job& j, std::size_t first, std::size_t n, unsigned char* to);
   static constexpr std::size_t whole_all_reduce_bytes = 4u << 20;
   static constexpr std::size_t all_reduce_piece_bytes = 2u << 20;
 
