@@ -80,6 +80,16 @@ std::vector<T> hierarchical_reference(ReduceOp op, int W, int R, const std::vect
   return out;
 }
 
+// Whether an all-reduce of `bytes` among the W workers of this launch folds in worker order by
+// default: up to MIRROR_MPI_DIRECT_AGREEMENT workers (8 unless set), where it travels in the
+// agreement check's messages or, up to 2 MiB, in two rounds of messages of its own
+// (docs/multi-worker.md#bits).
+bool worker_order_by_default(std::size_t bytes) {
+  const char* set = std::getenv("MIRROR_MPI_DIRECT_AGREEMENT");
+  const int direct = set != nullptr ? std::atoi(set) : 8;
+  return world_size() <= direct && bytes <= (std::size_t{2} << 20);
+}
+
 }  // namespace
 
 TEST_CASE("cluster: each worker's pool counts its share of the host's cores", "[mpi]") {
@@ -286,13 +296,13 @@ TEST_CASE("cluster: MIRROR_MPI_DIRECT_AGREEMENT out of range, or unequal across 
 }
 
 TEST_CASE("cluster: random floats: the same bits on every worker and run after run", "[mpi]") {
-  // Open MPI's order over workers equals worker order for W <= 3 (measured: np = 4 differs
-  // from a rank-order serial sum in a third of the elements), so up to 3 workers the result is
-  // bitwise the hierarchical serial loop; beyond, it is within rounding of it — and in every
-  // case the same bits on every worker and in every run. 100003 floats (>= 64 KiB) take libnbc's
-  // ring (mpi_group.cpp), whose per-segment order is not worker order for W = 3: there only
-  // within rounding of the serial loop (W = 2 is one addition either way, and with 2 workers the
-  // 4099 floats, >= 4 KiB, take the ring too: still the serial loop's bits).
+  // Up to 8 workers (MIRROR_MPI_DIRECT_AGREEMENT) and 2 MiB mirror folds in worker order itself,
+  // so the result is bitwise the hierarchical serial loop. Beyond, the order is Open MPI's:
+  // worker order for W <= 3 below 64 KiB (measured: np = 4 differs from a rank-order serial sum
+  // in a third of the elements); from 64 KiB libnbc's ring, whose per-segment order is not
+  // worker order for W = 3; W = 2 is one addition either way. Where it is not worker order the
+  // result is within rounding of the loop — and in every case the same bits on every worker and
+  // in every run.
   const int W = world_size();
   const int R = 2, N = W * R;
   Strategy& s = strategy_with(R);
@@ -315,7 +325,7 @@ TEST_CASE("cluster: random floats: the same bits on every worker and run after r
         CHECK(mirror::test::same_bits(got[0].data(), got[1].data(), n));
         if (rep == 0) first_run = got[0];
         CHECK(mirror::test::same_bits(got[0].data(), first_run.data(), n));
-        if (W <= (n < 16384 ? 3 : 2)) {
+        if (worker_order_by_default(n * sizeof(float)) || W <= (n < 16384 ? 3 : 2)) {
           CHECK(mirror::test::same_bits(got[0].data(), want.data(), n));
         } else {
           double worst = 0;
@@ -340,10 +350,11 @@ TEST_CASE("cluster: random floats: the same bits on every worker and run after r
 
 TEST_CASE("cluster: MpiAllReduce{.deterministic} folds in worker order: the serial loop's bits at every size and W",
           "[mpi]") {
-  // The default order is Open MPI's: worker order only up to 3 workers and, from 64 KiB, 2 (the
-  // case above). In worker order the result is bitwise the hierarchical serial loop for any W,
-  // size and MPI setting (this binary also runs over TCP and with 3 workers; with the default
-  // order this case fails with 3 workers at 100003 floats and with 4 at every size from 7).
+  // The default order is worker order only up to 8 workers and 2 MiB (the case above); beyond,
+  // Open MPI's. With .deterministic the result is bitwise the hierarchical serial loop for any
+  // W, size and MPI setting (this binary also runs over TCP, with 3 workers, and with the
+  // agreement check as MPI_Iallreduce: MIRROR_MPI_DIRECT_AGREEMENT=2, where the default order
+  // fails this case with 3 workers at 100003 floats).
   using Ops = mirror::ops::Hierarchical<mirror::ops::ChunkOwnerAllReduce, mirror::ops::MpiAllReduce>;
   using Ordered = mirror::Strategy<Cluster, Ops>;
   const int W = world_size();
@@ -398,8 +409,9 @@ TEST_CASE("cluster: all-reduce and reduce-scatter of several leaves have the bit
   // The cross step reduces several leaves where they lie, a whole MPI call's elements in one leaf,
   // and copies only the calls that span leaves (worker_group::all_reduce_leaves); MPI must see
   // the calls of the packed vector. Layouts: a few floats (they ride in the agreement check), a
-  // piece that spans three leaves (one call), and 5.3 MB in three calls of which the first and
-  // last lie in one leaf and the middle one spans four, an empty leaf among them. A
+  // piece that spans three leaves (one call; with 3 workers, by messages), the same within one
+  // leaf, and 5.3 MB in three calls of which the first and last lie in one leaf and the middle
+  // one spans four, an empty leaf among them. A
   // reduce-scatter of the same leaves reads them where they lie and writes each cut in place
   // (worker_group::reduce_scatter_leaves): each cut has the all-reduce's bits, the rest of each
   // span is left as it was.
@@ -407,7 +419,7 @@ TEST_CASE("cluster: all-reduce and reduce-scatter of several leaves have the bit
   using Ordered = mirror::Strategy<Cluster, Ops>;
   const int W = world_size();
   drop_shared_strategy();
-  const std::vector<std::array<std::size_t, 4>> layouts = {{3, 0, 5, 1}, {70001, 5, 130003, 0}, {600001, 0, 5, 720011}};
+  const std::vector<std::array<std::size_t, 4>> layouts = {{3, 0, 5, 1}, {70001, 5, 130003, 0}, {0, 90001, 0, 0}, {600001, 0, 5, 720011}};
   for (const bool deterministic : {false, true}) {
     for (const int R : {1, 2}) {
       const int N = W * R;
@@ -424,7 +436,8 @@ TEST_CASE("cluster: all-reduce and reduce-scatter of several leaves have the bit
         for (const auto op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max}) {
           CAPTURE(deterministic, R, n, mirror::to_string(op));
           // Worker order is the serial loop's; Open MPI's is that too for max, and for two workers.
-          const bool serial = deterministic || op == ReduceOp::max || W == 2;
+          const bool serial =
+              deterministic || op == ReduceOp::max || W == 2 || worker_order_by_default(n * sizeof(float));
           const auto want = hierarchical_reference<float>(op, W, R, inputs);
           std::atomic<int> wrong{0};
           s.run([&](auto& ctx) {

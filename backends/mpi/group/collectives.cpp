@@ -90,7 +90,9 @@ void group::impl::dispatch(job& j, bool check_first) {
   // messages (no libnbc schedule to build).
   const bool rides = carries(j) && (check_first || W <= direct_agreement);
   // Several leaves go where they are (all_reduce_in_pieces), unless these paths need one buffer.
-  if (j.leaf_counts != nullptr && j.data == nullptr && (rides || (j.kind == job::reduce && j.in_worker_order))) {
+  const bool worker_order_fold =
+      j.kind == job::reduce && j.in_worker_order && !reduces_by_messages(j.count, j.element);
+  if (j.leaf_counts != nullptr && j.data == nullptr && (rides || worker_order_fold)) {
     return reduce_packed(j, check_first);
   }
   if (rides) {
@@ -112,7 +114,7 @@ void group::impl::dispatch(job& j, bool check_first) {
   if (j.kind == job::scatter) return scatter(j);
   if (j.kind == job::gather) return gather(j);
   if (j.kind == job::counts) return gather_counts(j);
-  if (j.kind == job::reduce && j.in_worker_order) {
+  if (worker_order_fold) {
     reduce_in_worker_order(j);
     return;
   }
@@ -211,6 +213,9 @@ void group::impl::all_reduce_in_pieces(unsigned char* buffer, std::size_t count,
   const std::size_t bytes = count * kind.bytes;
   const std::size_t pieces =
       bytes <= whole_all_reduce_bytes ? 1 : (bytes + all_reduce_piece_bytes - 1) / all_reduce_piece_bytes;
+  // Decided on the whole count, so that every piece, and a reduce-scatter of the same count,
+  // folds alike.
+  const bool by_messages = reduces_by_messages(count, kind);
   for (std::size_t i = 0; i < pieces; ++i) {
     const auto [first, n] = backend::cut_of(count, static_cast<int>(pieces), static_cast<int>(i));
     unsigned char* at = parts == nullptr ? buffer + first * kind.bytes : nullptr;
@@ -230,16 +235,77 @@ void group::impl::all_reduce_in_pieces(unsigned char* buffer, std::size_t count,
         at = static_cast<unsigned char*>(parts->leaves[k]) + (first - start) * kind.bytes;
       }
     }
-    log_post(post_allreduce, n, kind.code(), static_cast<std::int64_t>(op));
-    MPI_Request request = MPI_REQUEST_NULL;
-    check(post_iallreduce(at, n, kind, op, request), call, what);
-    if (owner != nullptr) {
-      wait_keeping(request, what, *owner);
+    if (by_messages) {
+      reduce_by_messages(at, n, kind, op, what, owner);
     } else {
-      wait(request, what);
+      log_post(post_allreduce, n, kind.code(), static_cast<std::int64_t>(op));
+      MPI_Request request = MPI_REQUEST_NULL;
+      check(post_iallreduce(at, n, kind, op, request), call, what);
+      if (owner != nullptr) {
+        wait_keeping(request, what, *owner);
+      } else {
+        wait(request, what);
+      }
     }
     if (copied) copy_to_leaves(*parts, first, n, at);
   }
+}
+
+void group::impl::reduce_by_messages(unsigned char* buffer, std::size_t count, detail::element_kind kind, ReduceOp op,
+                                     const char* what, std::unique_ptr<unsigned char[]>* keep) {
+  op = op == ReduceOp::mean ? ReduceOp::sum : op;
+  const std::size_t size = kind.bytes;
+  const std::size_t row = backend::cut_of(count, W, 0).second * size;  // the largest cut's bytes
+  const auto [first, mine] = backend::cut_of(count, W, w);
+  unsigned char* const rows = payload[2].at_least(static_cast<std::size_t>(W) * row);
+  std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
+  // A wait given up on leaves MPI writing into the rows and, where it owns it, the buffer.
+  const auto wait_both = [&](int n) {
+    try {
+      wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), what, payload[2].bytes);
+    } catch (...) {
+      if (keep != nullptr) keep_until_exit(*keep);
+      throw;
+    }
+  };
+  // Round 1: worker p's cut of this buffer to worker p; every worker's copy of this worker's cut
+  // into its row, this worker's own copied meanwhile.
+  log_post(post_scatter_cuts, count, kind.code(), static_cast<std::int64_t>(op));
+  int n = 0;
+  for (int p = 0; p < W; ++p) {
+    if (p == w) continue;
+    check(MPI_Irecv(rows + static_cast<std::size_t>(p) * row, static_cast<int>(mine * size), MPI_BYTE, p,
+                    tag_scatter_cuts, data, &requests[static_cast<std::size_t>(n++)]),
+          "MPI_Irecv (reduction by messages)", what);
+  }
+  for (int p = 0; p < W; ++p) {
+    if (p == w) continue;
+    const auto [at, theirs] = backend::cut_of(count, W, p);
+    check(MPI_Isend(buffer + at * size, static_cast<int>(theirs * size), MPI_BYTE, p, tag_scatter_cuts, data,
+                    &requests[static_cast<std::size_t>(n++)]),
+          "MPI_Isend (reduction by messages)", what);
+  }
+  if (mine != 0) std::memcpy(rows + static_cast<std::size_t>(w) * row, buffer + first * size, mine * size);
+  wait_both(n);
+  fold_rows(rows, row, mine, kind, op, "MPI_Reduce_local (reduction by messages)", what);
+  // Round 2: the folded cut (row 0) to every other worker, and theirs into place.
+  log_post(post_gather_cuts, count, kind.code(), static_cast<std::int64_t>(op));
+  n = 0;
+  for (int p = 0; p < W; ++p) {
+    if (p == w) continue;
+    const auto [at, theirs] = backend::cut_of(count, W, p);
+    check(MPI_Irecv(buffer + at * size, static_cast<int>(theirs * size), MPI_BYTE, p, tag_gather_cuts, data,
+                    &requests[static_cast<std::size_t>(n++)]),
+          "MPI_Irecv (reduction by messages)", what);
+  }
+  for (int p = 0; p < W; ++p) {
+    if (p == w) continue;
+    check(MPI_Isend(rows, static_cast<int>(mine * size), MPI_BYTE, p, tag_gather_cuts, data,
+                    &requests[static_cast<std::size_t>(n++)]),
+          "MPI_Isend (reduction by messages)", what);
+  }
+  if (mine != 0) std::memcpy(buffer + first * size, rows, mine * size);
+  wait_both(n);
 }
 
 void group::impl::fold_rows(unsigned char* first, std::size_t stride, std::size_t count, detail::element_kind kind,

@@ -74,10 +74,13 @@ enum notice_kind : std::int64_t { notice_failure = 0, notice_timeout = 1, notice
 // post_allgather_words: `count` int64 per worker; post_alltoall: blocks of `count` elements;
 // post_allgather_bytes: blocks of `count` bytes, `op` 1 when in place; post_agreement: one
 // agreement_slot, `count` 1 when it carried data (of `element` under `op`); post_gather_messages:
-// blocks of `count` bytes, one message to and from every other worker (tag_gather).
+// blocks of `count` bytes, one message to and from every other worker (tag_gather);
+// post_scatter_cuts and post_gather_cuts: the two rounds of reduce_by_messages of `count`
+// elements of `element`, each worker's cut (backend::cut_of over W) to or from every other.
 enum post_kind : std::int64_t { post_allreduce = 0, post_bcast = 1, post_allgather_words = 2, post_alltoallv = 3,
                                 post_allgatherv = 4, post_alltoall = 5, post_allgather_bytes = 6,
-                                post_agreement = 7, post_gather_messages = 8 };
+                                post_agreement = 7, post_gather_messages = 8, post_scatter_cuts = 9,
+                                post_gather_cuts = 10 };
 struct posted_op {
   std::int64_t seq = 0;      // its number among this worker's posts (impl::sequence)
   std::int64_t kind = 0;     // post_kind
@@ -554,9 +557,10 @@ struct group::impl {
   /// A buffer the size of a job's payload (a reduce-scatter's whole vector, an all-to-all's
   /// rows, an all-gather's packed blocks), kept from one job to the next and grown, never
   /// shrunk: a fresh one costs a page fault per 4 KiB on first touch (glibc maps large blocks
-  /// anew each time), which at megabytes takes longer than the collective's own transfer. Two,
-  /// as a job uses at most two at once (an all-reduce of several leaves packs them into
-  /// payload[1]; the worker-order fold's rows are payload[0]). Used by whichever thread
+  /// anew each time), which at megabytes takes longer than the collective's own transfer. Three,
+  /// as a job uses at most three at once (an all-reduce of several leaves packs them into
+  /// payload[1]; the worker-order fold's rows are payload[0]; reduce_by_messages folds in
+  /// payload[2], under a reduce-scatter's copy in payload[0]). Used by whichever thread
   /// executes jobs; given up (keep_until_exit) with an operation that is, and then made anew.
   struct kept_buffer {
     std::unique_ptr<unsigned char[]> bytes;
@@ -572,7 +576,7 @@ struct group::impl {
       return bytes.get();
     }
   };
-  kept_buffer payload[2];
+  kept_buffer payload[3];
   /// The bytes per worker a counts job of `words` words per worker leaves in its slot, where it
   /// is carried (carries()): what is left after the W workers' words, split W ways, in whole
   /// words (the slot is summed as int64), and at most worker_group::carried_block_max (a larger
@@ -632,9 +636,34 @@ struct group::impl {
 
   void reduce_in_worker_order(job& j);
 
-  /// An all-reduce in MPI's order, in place on `buffer` (`count` elements): above
-  /// whole_all_reduce_bytes, consecutive MPI_Iallreduce's of about all_reduce_piece_bytes each
-  /// (cut_of of the count), each completed before the next is posted, so that a worker is at
+  /// Whether an all-reduce of `count` elements of `kind` goes by messages (reduce_by_messages):
+  /// among 3 to `direct_agreement` workers, a count too large to travel in the agreement check
+  /// (whole or in cuts), up to by_messages_max bytes. Every reduction of up to that size among
+  /// that many workers then folds in worker order, whatever the MPI configuration, and a
+  /// reduce-scatter of the same count takes the same bits from its own fold in worker order
+  /// (scatter_by_worker), at the cost of MPI_Reduce_scatter rather than of the all-reduce. Two
+  /// workers keep Open MPI's algorithms, faster there, whose order any fold of two shares.
+  bool reduces_by_messages(std::size_t count, detail::element_kind kind) const noexcept {
+    return W > 2 && beyond_wide(count, kind) && !reduction_in_cuts(count, kind) &&
+           count * kind.bytes <= by_messages_max;
+  }
+  /// Beyond this, the W-1 transfers each way that reduce_by_messages runs at once fall behind
+  /// Open MPI's ring, which copies from one neighbour at a time (docs/multi-worker.md,
+  /// "Reductions by messages").
+  static constexpr std::size_t by_messages_max = 2u << 20;
+  /// An all-reduce of `count` elements in place on `buffer`, in two rounds of messages: worker
+  /// w sends worker p its cut p (backend::cut_of over W) and folds the W copies of its own cut
+  /// in worker order (fold_rows, in payload[2]); then it sends its folded cut to every other
+  /// worker, which receives it in place. The bytes of a ring all-reduce, 2 (W-1)/W of the
+  /// buffer per worker, in two rounds where the ring takes 2 (W-1) steps and Open MPI's
+  /// binomial tree 2 log W. `keep`, where given, owns `buffer` (kept if a wait is given up on).
+  void reduce_by_messages(unsigned char* buffer, std::size_t count, detail::element_kind kind, ReduceOp op,
+                          const char* what, std::unique_ptr<unsigned char[]>* keep);
+
+  /// An all-reduce in place on `buffer` (`count` elements): above whole_all_reduce_bytes, in
+  /// consecutive pieces of about all_reduce_piece_bytes each (cut_of of the count), each an
+  /// MPI_Iallreduce, or reduce_by_messages where the count goes so (reduces_by_messages), each
+  /// completed before the next is posted, so that a worker is at
   /// most one post ahead of another, as with one collective, and a recovery's stand-ins match
   /// each piece from its own log entry. Open MPI allocates a scratch the size of each call,
   /// which glibc maps anew above 32 MiB (a page fault per 4 KiB), and pieces of a few MiB stay
@@ -676,16 +705,18 @@ struct group::impl {
   /// worker order as reduce_in_worker_order does it: the bytes of MPI_Reduce_scatter,
   /// (W-1)/W of the buffer per worker. The blocks are the largest worker's range (they differ
   /// by at most R elements per leaf), so that a worker that never posted it can post its match
-  /// from one number (recover()). Otherwise (floating point in MPI's order, three workers or
-  /// more) only the all-reduce itself gives its bits: the same all_reduce_in_pieces of the
+  /// from one number (recover()). Otherwise (floating point in MPI's order: three workers or
+  /// more, beyond `direct_agreement` workers) only the all-reduce itself gives its bits: the same all_reduce_in_pieces of the
   /// whole buffer (a copy, in payload[0]), of which the worker keeps its range.
   void scatter(job& j);
   /// Whether reduce-scatter `j` gets the all-reduce's bits by a fold in worker order: where the
-  /// all-reduce folds so (in_worker_order, or its count goes in cuts: reduction_in_cuts) or
+  /// all-reduce folds so (in_worker_order, or its count goes in cuts or by messages:
+  /// reduction_in_cuts, reduces_by_messages) or
   /// where any order gives the same bits (integers; two workers). Otherwise only MPI_Iallreduce
   /// of the whole buffer gives them.
   bool scatter_by_worker(const job& j) const noexcept {
-    return j.in_worker_order || W == 2 || !j.element.is_floating() || reduction_in_cuts(j.count, j.element);
+    return j.in_worker_order || W == 2 || !j.element.is_floating() || reduction_in_cuts(j.count, j.element) ||
+           reduces_by_messages(j.count, j.element);
   }
 
   /// worker_group::all_gather: one MPI_Iallgather of blocks of the largest worker's bytes
@@ -737,6 +768,8 @@ struct group::impl {
   int direct_agreement = direct_agreement_default;
   static constexpr int tag_agreement = 1;  // on `data`: MPI keeps collectives' messages apart from these
   static constexpr int tag_gather = 2;     // an all-gather's blocks (post_blocks from gather())
+  static constexpr int tag_scatter_cuts = 3;  // reduce_by_messages: each worker's cuts to their owners
+  static constexpr int tag_gather_cuts = 4;   // reduce_by_messages: each folded cut to every worker
 
   /// Posts one round of messages: `mine` (`block` bytes) to every other worker, and worker p's
   /// into `rows + p * capacity` (at most `capacity` bytes, `block` where 0: a shorter message
