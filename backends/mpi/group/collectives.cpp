@@ -259,12 +259,17 @@ void group::impl::reduce_by_messages(unsigned char* buffer, std::size_t count, d
   const auto [first, mine] = backend::cut_of(count, W, w);
   unsigned char* const rows = payload[2].at_least(static_cast<std::size_t>(W) * row);
   std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
-  // A wait given up on leaves MPI writing into the rows and, where it owns it, the buffer.
+  // A wait given up on leaves MPI writing into the rows and, where it owns it, the buffer; one
+  // that a recovery completed before it threw leaves both free for the next job.
   const auto wait_both = [&](int n) {
+    const std::size_t given_up = abandoned.size();
     try {
-      wait_keeping(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), what, payload[2].bytes);
+      wait(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), what);
     } catch (...) {
-      if (keep != nullptr) keep_until_exit(*keep);
+      if (abandoned.size() > given_up) {
+        keep_until_exit(payload[2].bytes);
+        if (keep != nullptr) keep_until_exit(*keep);
+      }
       throw;
     }
   };

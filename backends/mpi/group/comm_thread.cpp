@@ -113,7 +113,10 @@ void group::impl::main_loop() {
     // lock taken again (3 workers on 2 cores: this thread then took 15 % of a core).
     std::unique_lock turn(driver, std::try_to_lock);
     if (!turn.owns_lock()) {
-      if (!work) continue;
+      if (!work) {
+        after_job = false;  // nor spin for a job: the caller is making its own
+        continue;
+      }
       turn.lock();
     }
     job* j = nullptr;

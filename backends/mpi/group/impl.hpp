@@ -560,7 +560,7 @@ struct group::impl {
   /// anew each time), which at megabytes takes longer than the collective's own transfer. Three,
   /// as a job uses at most three at once (an all-reduce of several leaves packs them into
   /// payload[1]; the worker-order fold's rows are payload[0]; reduce_by_messages folds in
-  /// payload[2], under a reduce-scatter's copy in payload[0]). Used by whichever thread
+  /// payload[2], beside a piece of several leaves copied into payload[1]). Used by whichever thread
   /// executes jobs; given up (keep_until_exit) with an operation that is, and then made anew.
   struct kept_buffer {
     std::unique_ptr<unsigned char[]> bytes;
@@ -706,7 +706,8 @@ struct group::impl {
   /// (W-1)/W of the buffer per worker. The blocks are the largest worker's range (they differ
   /// by at most R elements per leaf), so that a worker that never posted it can post its match
   /// from one number (recover()). Otherwise (floating point in MPI's order: three workers or
-  /// more, beyond `direct_agreement` workers) only the all-reduce itself gives its bits: the same all_reduce_in_pieces of the
+  /// more, above by_messages_max or beyond `direct_agreement` workers) only the all-reduce
+  /// itself gives its bits: the same all_reduce_in_pieces of the
   /// whole buffer (a copy, in payload[0]), of which the worker keeps its range.
   void scatter(job& j);
   /// Whether reduce-scatter `j` gets the all-reduce's bits by a fold in worker order: where the
