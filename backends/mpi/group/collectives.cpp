@@ -259,19 +259,11 @@ void group::impl::reduce_by_messages(unsigned char* buffer, std::size_t count, d
   const auto [first, mine] = backend::cut_of(count, W, w);
   unsigned char* const rows = payload[2].at_least(static_cast<std::size_t>(W) * row);
   std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
-  // A wait given up on leaves MPI writing into the rows and, where it owns it, the buffer; one
-  // that a recovery completed before it threw leaves both free for the next job.
+  // MPI writes into the rows and, where it owns it, the buffer (wait_keeping).
   const auto wait_both = [&](int n) {
-    const std::size_t given_up = abandoned.size();
-    try {
-      wait(std::span<MPI_Request>(requests.data(), static_cast<std::size_t>(n)), what);
-    } catch (...) {
-      if (abandoned.size() > given_up) {
-        keep_until_exit(payload[2].bytes);
-        if (keep != nullptr) keep_until_exit(*keep);
-      }
-      throw;
-    }
+    const std::span<MPI_Request> posted(requests.data(), static_cast<std::size_t>(n));
+    if (keep != nullptr) return wait_keeping(posted, what, payload[2].bytes, *keep);
+    wait_keeping(posted, what, payload[2].bytes);
   };
   // Round 1: worker p's cut of this buffer to worker p; every worker's copy of this worker's cut
   // into its row, this worker's own copied meanwhile.
@@ -371,12 +363,10 @@ void group::impl::scatter(job& j) {
   check(MPI_Ialltoall(direct ? in : packed, static_cast<int>(block), type, rows, static_cast<int>(block), type, data,
                       &request),
         "MPI_Ialltoall (reduce-scatter)", j.what);
-  try {
-    wait(request, j.what);
-  } catch (...) {
-    keep_until_exit(payload[0].bytes);
-    if (packed != nullptr) keep_until_exit(payload[1].bytes);
-    throw;
+  if (packed != nullptr) {
+    wait_keeping(request, j.what, payload[0].bytes, payload[1].bytes);
+  } else {
+    wait_keeping(request, j.what, payload[0].bytes);
   }
   fold_rows(rows, block * bytes, mine, j.element, j.op, "MPI_Reduce_local (reduce-scatter)", j.what);
   keep_ranges(j, rows, true);
@@ -726,13 +716,7 @@ void group::impl::gather(job& j) {
   check(MPI_Iallgather(send, static_cast<int>(block), MPI_BYTE, recv, static_cast<int>(block), MPI_BYTE, data,
                        &request),
         "MPI_Iallgather (all-gather)", j.what);
-  try {
-    wait(request, j.what);
-  } catch (...) {
-    keep_until_exit(payload[1].bytes);
-    keep_until_exit(payload[0].bytes);
-    throw;
-  }
+  wait_keeping(request, j.what, payload[1].bytes, payload[0].bytes);
   unpack(recv);
 }
 

@@ -923,20 +923,26 @@ struct group::impl {
   /// itself), so nothing else advances the phase meanwhile.
   void resync_phase(const std::int64_t* all);
 
-  /// wait(), and when it gives up, `buffer` (the request's) is kept alive for the rest of the
-  /// process, since MPI may still write into it.
-  template <class T>
-  void wait_keeping(std::span<MPI_Request> requests, const char* what, std::unique_ptr<T[]>& buffer) {
+  /// wait(), and when it throws while a request of `requests` is still pending (the wait was
+  /// given up, or MPI failed), `buffers` (the requests') are kept alive for the rest of the
+  /// process, since MPI may still write into them. A wait that a recovery completed before it
+  /// threw (replica_error after recover()) leaves every request null, and the buffers to be
+  /// reused: a failed run costs no memory.
+  template <class... T>
+  void wait_keeping(std::span<MPI_Request> requests, const char* what, std::unique_ptr<T[]>&... buffers) {
     try {
       wait(requests, what);
     } catch (...) {
-      keep_until_exit(buffer);
+      if (still_pending(requests)) (keep_until_exit(buffers), ...);
       throw;
     }
   }
-  template <class T>
-  void wait_keeping(MPI_Request& request, const char* what, std::unique_ptr<T[]>& buffer) {
-    wait_keeping(std::span<MPI_Request>(&request, 1), what, buffer);
+  template <class... T>
+  void wait_keeping(MPI_Request& request, const char* what, std::unique_ptr<T[]>&... buffers) {
+    wait_keeping(std::span<MPI_Request>(&request, 1), what, buffers...);
+  }
+  static bool still_pending(std::span<const MPI_Request> requests) noexcept {
+    return std::any_of(requests.begin(), requests.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
   }
 
   /// Polls `requests` (one post: a collective, or the messages of one agreement check) to
