@@ -256,7 +256,7 @@ void group::impl::reduce_by_messages(unsigned char* buffer, std::size_t count, d
   op = op == ReduceOp::mean ? ReduceOp::sum : op;
   const std::size_t size = kind.bytes;
   const std::size_t row = backend::cut_of(count, W, 0).second * size;  // the largest cut's bytes
-  const auto [first, mine] = backend::cut_of(count, W, w);
+  const std::size_t mine = backend::cut_of(count, W, w).second;
   unsigned char* const rows = payload[2].at_least(static_cast<std::size_t>(W) * row);
   std::array<MPI_Request, 2 * (direct_agreement_max - 1)> requests;
   // MPI writes into the rows and, where it owns it, the buffer (wait_keeping).
@@ -267,41 +267,17 @@ void group::impl::reduce_by_messages(unsigned char* buffer, std::size_t count, d
   };
   // Round 1: worker p's cut of this buffer to worker p; every worker's copy of this worker's cut
   // into its row, this worker's own copied meanwhile.
+  const auto row_of = [&](int p) { return rows + static_cast<std::size_t>(p) * row; };
+  const auto cut_in_buffer = [&](int p) { return buffer + backend::cut_of(count, W, p).first * size; };
   log_post(post_scatter_cuts, count, kind.code(), static_cast<std::int64_t>(op));
-  int n = 0;
-  for (int p = 0; p < W; ++p) {
-    if (p == w) continue;
-    check(MPI_Irecv(rows + static_cast<std::size_t>(p) * row, static_cast<int>(mine * size), MPI_BYTE, p,
-                    tag_scatter_cuts, data, &requests[static_cast<std::size_t>(n++)]),
-          "MPI_Irecv (reduction by messages)", what);
-  }
-  for (int p = 0; p < W; ++p) {
-    if (p == w) continue;
-    const auto [at, theirs] = backend::cut_of(count, W, p);
-    check(MPI_Isend(buffer + at * size, static_cast<int>(theirs * size), MPI_BYTE, p, tag_scatter_cuts, data,
-                    &requests[static_cast<std::size_t>(n++)]),
-          "MPI_Isend (reduction by messages)", what);
-  }
-  if (mine != 0) std::memcpy(rows + static_cast<std::size_t>(w) * row, buffer + first * size, mine * size);
+  int n = post_cut_round(count, size, true, row_of, cut_in_buffer, requests.data(), what);
+  if (mine != 0) std::memcpy(row_of(w), cut_in_buffer(w), mine * size);
   wait_both(n);
   fold_rows(rows, row, mine, kind, op, "MPI_Reduce_local (reduction by messages)", what);
   // Round 2: the folded cut (row 0) to every other worker, and theirs into place.
   log_post(post_gather_cuts, count, kind.code(), static_cast<std::int64_t>(op));
-  n = 0;
-  for (int p = 0; p < W; ++p) {
-    if (p == w) continue;
-    const auto [at, theirs] = backend::cut_of(count, W, p);
-    check(MPI_Irecv(buffer + at * size, static_cast<int>(theirs * size), MPI_BYTE, p, tag_gather_cuts, data,
-                    &requests[static_cast<std::size_t>(n++)]),
-          "MPI_Irecv (reduction by messages)", what);
-  }
-  for (int p = 0; p < W; ++p) {
-    if (p == w) continue;
-    check(MPI_Isend(rows, static_cast<int>(mine * size), MPI_BYTE, p, tag_gather_cuts, data,
-                    &requests[static_cast<std::size_t>(n++)]),
-          "MPI_Isend (reduction by messages)", what);
-  }
-  if (mine != 0) std::memcpy(buffer + first * size, rows, mine * size);
+  n = post_cut_round(count, size, false, cut_in_buffer, [&](int) { return rows; }, requests.data(), what);
+  if (mine != 0) std::memcpy(cut_in_buffer(w), rows, mine * size);
   wait_both(n);
 }
 

@@ -659,6 +659,31 @@ struct group::impl {
   /// binomial tree 2 log W. `keep`, where given, owns `buffer` (kept if a wait is given up on).
   void reduce_by_messages(unsigned char* buffer, std::size_t count, detail::element_kind kind, ReduceOp op,
                           const char* what, std::unique_ptr<unsigned char[]>* keep);
+  /// Posts one round of reduce_by_messages over `count` elements of `size` bytes: the first
+  /// (`to_owners`, on tag_scatter_cuts) sends worker p its cut p and receives this worker's cut
+  /// from each; the second (tag_gather_cuts) sends this worker's cut to each and receives cut p
+  /// from worker p. Worker p's message is received at `recv(p)` and sent from `send(p)`. The
+  /// rounds and a recovery's stand-ins for them post through it, so their sizes match exactly
+  /// (a receive shorter than its message fails). Returns how many requests it wrote, 2 (W - 1).
+  template <class Recv, class Send>
+  int post_cut_round(std::size_t count, std::size_t size, bool to_owners, Recv&& recv, Send&& send,
+                     MPI_Request* requests, const char* what) {
+    const int tag = to_owners ? tag_scatter_cuts : tag_gather_cuts;
+    const std::size_t mine = backend::cut_of(count, W, w).second * size;
+    const auto theirs = [&](int p) { return backend::cut_of(count, W, p).second * size; };
+    int n = 0;
+    for (int p = 0; p < W; ++p) {
+      if (p == w) continue;
+      check(MPI_Irecv(recv(p), static_cast<int>(to_owners ? mine : theirs(p)), MPI_BYTE, p, tag, data, &requests[n++]),
+            "MPI_Irecv (reduction by messages)", what);
+    }
+    for (int p = 0; p < W; ++p) {
+      if (p == w) continue;
+      check(MPI_Isend(send(p), static_cast<int>(to_owners ? theirs(p) : mine), MPI_BYTE, p, tag, data, &requests[n++]),
+            "MPI_Isend (reduction by messages)", what);
+    }
+    return n;
+  }
 
   /// An all-reduce in place on `buffer` (`count` elements): above whole_all_reduce_bytes, in
   /// consecutive pieces of about all_reduce_piece_bytes each (cut_of of the count), each an

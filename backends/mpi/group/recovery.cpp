@@ -139,26 +139,15 @@ void group::impl::post_dummy(const posted_op& o, dummy& d) {
       return;
     case post_scatter_cuts:
     case post_gather_cuts: {
-      // Zeros in this worker's messages: its cut p to worker p and cut w from each (the first
-      // round), or its cut w to each and cut p from worker p (the second), in separate buffers.
-      const int tag = o.kind == post_scatter_cuts ? tag_scatter_cuts : tag_gather_cuts;
+      // Zeros sent from one row, every message received into its own row (rows of the
+      // largest cut), with the round's own sizes.
       const std::size_t row = backend::cut_of(n, W, 0).second * k.bytes;
-      const std::size_t mine = backend::cut_of(n, W, w).second * k.bytes;
       d.buffer = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, static_cast<std::size_t>(W) * row));
       d.rows = std::make_unique<unsigned char[]>(std::max<std::size_t>(1, row));
       d.requests.resize(2 * static_cast<std::size_t>(W - 1));
-      std::size_t r = 0;
-      for (int p = 0; p < W; ++p) {
-        if (p == w) continue;
-        const std::size_t theirs = backend::cut_of(n, W, p).second * k.bytes;
-        check(MPI_Irecv(d.buffer.get() + static_cast<std::size_t>(p) * row,
-                        static_cast<int>(o.kind == post_scatter_cuts ? mine : theirs), MPI_BYTE, p, tag, data,
-                        &d.requests[r++]),
-              "MPI_Irecv", what);
-        check(MPI_Isend(d.rows.get(), static_cast<int>(o.kind == post_scatter_cuts ? theirs : mine), MPI_BYTE, p, tag,
-                        data, &d.requests[r++]),
-              "MPI_Isend", what);
-      }
+      post_cut_round(n, k.bytes, o.kind == post_scatter_cuts,
+                     [&](int p) { return d.buffer.get() + static_cast<std::size_t>(p) * row; },
+                     [&](int) { return d.rows.get(); }, d.requests.data(), what);
       return;
     }
     case post_bcast:
