@@ -9,6 +9,7 @@
 #include <exception>
 #include <optional>
 #include <span>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -16,10 +17,12 @@
 #include <mirror/backend/cut_of.hpp>
 #include <mirror/concepts/nest.hpp>
 #include <mirror/detail/access.hpp>
+#include <mirror/detail/async_queue.hpp>
 #include <mirror/detail/agreement_check.hpp>  // site_text
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/leaf_math.hpp>
 #include <mirror/detail/nest_walk.hpp>
+#include <mirror/detail/type_name.hpp>
 #include <mirror/error.hpp>
 #include <mirror/pending.hpp>
 #include <mirror/reduce_op.hpp>
@@ -101,8 +104,10 @@ struct bucket_storage<T, Sharded, type_list<Es...>> {
 /// `mirror::error`; the collectives' errors from `ready` or `finish`, on every replica (after one,
 /// `grads` holds some buckets' results and others' inputs). A `ready` call also copies back the
 /// results of packed buckets whose collectives have completed, so `finish` copies little. An object
-/// destroyed without `finish()` waits for the buckets it started (their errors are thrown when
-/// `fn` returns) and leaves `grads` as it was where leaves were packed.
+/// destroyed without `finish()` waits for the buckets it started, and `Strategy::run` then throws
+/// a `mirror::error` naming the leaves never made ready (or, where every leaf was, the missing
+/// `finish()`), since `grads` holds this replica's own values there; no error is added while an
+/// exception already unwinds `fn`.
 /// **Allocation**: the packed buffers are kept by the replica's thread and reused by the next
 /// object of the same nest type with the same plan, so a training loop allocates them once; the
 /// plan too is made once per loop: the next object of the type on the thread reuses it while
@@ -129,7 +134,12 @@ class GradientBuckets {
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets() {
-    if (!finished_) release_staging();
+    if (finished_) return;
+    release_staging();
+    // Dropped without finish() while fn goes on: some leaves keep this replica's own values
+    // (a leaf never made ready) or the packed input (a bucket never unpacked). fn's caller
+    // must hear of it, and a destructor cannot throw: Strategy::run throws it when fn returns.
+    if (std::uncaught_exceptions() == exceptions_) queue_->fail_at_end(dropped_error());
   }
 
   /// Leaf `i` (in the nest's leaf order) is final; starts every bucket that is now due.
@@ -246,6 +256,30 @@ class GradientBuckets {
 
   template <class> friend class ReplicaContext;
 
+  std::exception_ptr dropped_error() const noexcept {
+    try {
+      std::string never;
+      std::size_t count = 0;
+      for (std::size_t i = 0; i < leaves_.size(); ++i) {
+        if (leaves_[i].ready) continue;
+        if (++count <= 8) never += detail::format("%s%zu", never.empty() ? "" : ", ", i).c_str();
+      }
+      if (count > 8) never += ", ...";
+      const std::string which =
+          count == 0 ? std::string("every leaf was made ready, but packed buckets were never copied back")
+                     : detail::format("leaves {%s} (%zu of %zu) were never made ready, so their buckets never started",
+                                      never.c_str(), count, leaves_.size())
+                           .c_str();
+      return std::make_exception_ptr(error(detail::format(
+          "mirror::GradientBuckets at %s (replica %d) was destroyed without finish(): %s; grads holds this replica's "
+          "own values there, not the reduction, and the other replicas may wait for those buckets; call ready(i) for "
+          "every leaf, then finish(), before the object goes out of scope",
+          detail::site_text(where_).c_str(), replica_, which.c_str())));
+    } catch (...) {
+      return std::current_exception();  // out of memory: that is what fn's caller hears
+    }
+  }
+
   // The sharded form packs only leaves smaller than this, which would each cost a collective's
   // fixed time more than their copies; a larger leaf is a bucket of its own, reduce-scattered in
   // place (docs/performance.md#overlap has the measurement).
@@ -291,6 +325,7 @@ class GradientBuckets {
   template <class Context>
   GradientBuckets(Context& ctx, ReduceOp op, T& grads, std::size_t bucket_bytes, const mirror::source_location& where)
       : context_(&ctx),
+        queue_(&ctx.async_),
         op_(op),
         where_(where),
         grads_(&grads),
@@ -417,6 +452,7 @@ class GradientBuckets {
   }
 
   void start(std::size_t b) {
+    reread_leaves(b);
     const bucket& B = buckets_[b];
     with_type(B.type, [&]<class E>() {
       E* data = static_cast<E*>(leaves_[B.first].data);  // one leaf, or adjacent ones
@@ -436,6 +472,41 @@ class GradientBuckets {
       std::get<index_of<E>()>(pending_)[b].emplace(
           std::get<index_of<E>()>(starters_)(context_, op_, data, span_of(B), where_));
     });
+  }
+
+  // Bucket b's leaves as grads holds them now. The natural backward pass assigns a new vector
+  // to a leaf (`std::get<1>(g) = layer.backward()`), which frees the buffer the plan recorded:
+  // reading that one would reduce freed memory. A leaf of the same size that moved is read where
+  // it is now, where its bucket allows that (one leaf, or packed); one whose size changed, or that
+  // left an in-place run of adjacent leaves, is an error before anything is posted.
+  void reread_leaves(std::size_t b) {
+    const bucket& B = buckets_[b];
+    std::size_t i = 0;
+    detail::for_each_leaf(
+        [&](auto& l) {
+          const std::size_t k = i++;
+          if (k < B.first || k > B.last) return;
+          using L = std::remove_cvref_t<decltype(l)>;
+          const auto e = leaf_traits<L>::elements(l);
+          leaf& f = leaves_[k];
+          if (e.data() == f.data && e.size() == f.count) return;
+          const bool movable = e.size() == f.count && (B.first == B.last || B.packed);
+          if (movable) {
+            f.data = static_cast<void*>(e.data());
+            return;
+          }
+          throw error(detail::format(
+              "mirror::GradientBuckets at %s (replica %d): leaf %zu of grads (%s) %s since gradient_buckets() was "
+              "called, and bucket %zu was planned on it; assign into the leaf's existing buffer (std::copy, or "
+              "Eigen's .noalias() into a map of it), or call gradient_buckets() after the leaves have their final "
+              "buffers",
+              detail::site_text(where_).c_str(), replica_, k, detail::type_name<L>().c_str(),
+              e.size() != f.count
+                  ? detail::format("has %zu elements now, %zu then", e.size(), f.count).c_str()
+                  : "moved out of the run of adjacent leaves its bucket reduces in place",
+              b));
+        },
+        *grads_);
   }
 
   // The sharded form's packing: block q holds every leaf's cut q, each zero-padded to the
@@ -512,6 +583,8 @@ class GradientBuckets {
   }
 
   void* context_;
+  detail::async_queue* queue_;  // the replica's: dropped_error() goes there
+  int exceptions_ = std::uncaught_exceptions();  // a drop by unwinding is the unwound error's
   ReduceOp op_;
   mirror::source_location where_;
   T* grads_;

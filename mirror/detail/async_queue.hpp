@@ -70,6 +70,12 @@ class async_queue {
     if (op.error() != nullptr && dropped_ == nullptr) dropped_ = op.error();
   }
 
+  /// An error found where nothing may throw (a destructor inside fn), for `finish` to throw
+  /// when fn returns; the first one is kept (after a dropped handle's).
+  void fail_at_end(std::exception_ptr e) noexcept {
+    if (dropped_ == nullptr) dropped_ = std::move(e);
+  }
+
   /// At the end of fn: completes everything still listed (handles that escaped fn), then
   /// throws the first error of a collective nobody waited for.
   void finish() {

@@ -7,6 +7,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
+#include <stdexcept>
 
 #include <atomic>
 #include <cstdint>
@@ -271,4 +273,105 @@ TEST_CASE("gradient buckets: layers cut from one flat buffer are reduced in plac
     });
     REQUIRE(wrong == 0);
   }
+}
+
+TEST_CASE("gradient buckets: a leaf given a new buffer of its size before its bucket starts is read there",
+          "[async]") {
+  // The natural backward pass: `std::get<1>(g) = layer.backward();` after gradient_buckets(),
+  // which frees the vector's buffer the plan recorded. Reading that one was a use-after-free.
+  auto& s = strategy_with(2);
+  for (const std::size_t cap : {std::size_t{0}, std::size_t{1} << 20}) {  // a bucket per leaf, one packed
+    CAPTURE(cap);
+    const auto got = s.run([&](auto& ctx) {
+      const float g = static_cast<float>(ctx.replica_id_in_sync_group() + 1);
+      std::tuple<std::vector<float>, std::vector<float>> grads{std::vector<float>(5, 0.f), std::vector<float>(300, 0.f)};
+      auto buckets = ctx.gradient_buckets(ReduceOp::sum, grads, cap);
+      std::get<1>(grads) = std::vector<float>(300, g);  // a new buffer
+      buckets.ready(1);
+      std::get<0>(grads) = std::vector<float>(5, 2 * g);
+      buckets.ready(0);
+      buckets.finish();
+      return grads;
+    });
+    for (const auto& a : std::get<0>(got)) CHECK(a == std::vector<float>(5, 2 * (1 + 2)));
+    for (const auto& b : std::get<1>(got)) CHECK(b == std::vector<float>(300, 1 + 2));
+  }
+}
+
+TEST_CASE("gradient buckets: a leaf resized, or moved out of an in-place run, is a mirror::error naming it",
+          "[async]") {
+  auto& s = strategy_with(2);
+  std::string what;
+  try {
+    s.run([&](auto& ctx) {
+      std::tuple<std::vector<float>, std::vector<float>> grads{std::vector<float>(10, 1.f), std::vector<float>(10, 1.f)};
+      auto buckets = ctx.gradient_buckets(ReduceOp::sum, grads, 0);
+      buckets.ready(1);
+      std::get<0>(grads) = std::vector<float>(11, 1.f);  // backward's output of another size
+      buckets.ready(0);
+      buckets.finish();
+    });
+    FAIL("no error");
+  } catch (const mirror::error& e) {
+    what = e.what();
+  }
+  CAPTURE(what);
+  CHECK_THAT(what, Catch::Contains("leaf 0 of grads"));
+  CHECK_THAT(what, Catch::Contains("has 11 elements now, 10 then"));
+  CHECK_THAT(what, Catch::Contains("async_test.cpp"));
+  CHECK_THAT(what, Catch::Contains("assign into the leaf's existing buffer"));
+  // Spans cut from one flat buffer share an in-place bucket: one pointed elsewhere cannot join it.
+  std::vector<std::vector<float>> other(2, std::vector<float>(4, 1.f));
+  try {
+    s.run([&](auto& ctx) {
+      std::vector<float> flat(8, 1.f);
+      std::array<std::span<float>, 2> grads{std::span<float>(flat.data(), 4), std::span<float>(flat.data() + 4, 4)};
+      auto buckets = ctx.gradient_buckets(ReduceOp::sum, grads, 1 << 20);
+      grads[0] = std::span<float>(other[static_cast<std::size_t>(ctx.replica_id_in_sync_group())]);
+      buckets.ready(1);
+      buckets.ready(0);
+      buckets.finish();
+    });
+    FAIL("no error");
+  } catch (const mirror::error& e) {
+    what = e.what();
+  }
+  CHECK_THAT(what, Catch::Contains("moved out of the run of adjacent leaves"));
+  // Nothing was reduced, and the strategy goes on.
+  for (const auto& v : other) CHECK(v == std::vector<float>(4, 1.f));
+  CHECK(s.reduce(ReduceOp::sum, s.run([](auto& ctx) { return ctx.replica_id_in_sync_group(); })) == 1);
+}
+
+TEST_CASE("gradient buckets: dropped without finish() is an error from run on every replica", "[async]") {
+  auto& s = strategy_with(2);
+  for (const bool all_ready : {false, true}) {
+    CAPTURE(all_ready);
+    std::atomic<int> seen{0};
+    std::string what;
+    try {
+      s.run([&](auto& ctx) {
+        std::tuple<std::vector<float>, std::vector<float>> grads{std::vector<float>(3, 1.f), std::vector<float>(3, 1.f)};
+        {
+          auto buckets = ctx.gradient_buckets(ReduceOp::sum, grads, 0);
+          buckets.ready(1);
+          if (all_ready) buckets.ready(0);
+        }  // no finish()
+        ++seen;
+      });
+      FAIL("no error");
+    } catch (const mirror::error& e) {
+      what = e.what();
+    }
+    CAPTURE(what);
+    CHECK(seen == 2);  // fn went on; the error came when it returned
+    CHECK_THAT(what, Catch::Contains("destroyed without finish()"));
+    if (!all_ready) CHECK_THAT(what, Catch::Contains("leaves {0} (1 of 2) were never made ready"));
+  }
+  // Dropped by an exception leaving fn: that exception is the error, not the drop.
+  CHECK_THROWS_WITH(s.run([](auto& ctx) {
+                      std::vector<float> g(3, 1.f);
+                      auto buckets = ctx.gradient_buckets(ReduceOp::sum, g, 0);
+                      throw std::runtime_error("backward failed");
+                    }),
+                    Catch::Contains("backward failed"));
 }
