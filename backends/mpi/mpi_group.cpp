@@ -314,10 +314,12 @@ std::unique_ptr<detail::worker_group::started_collective> group::start_all_reduc
   return impl_->post_started(std::move(s));
 }
 
-void group::check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what) {
+void group::check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what,
+                            std::uint64_t nest_hash) {
   if (!impl_->validate) return;
   impl::job j{impl::job::check, nullptr, 0, {}, ReduceOp::sum, root, what, false, nullptr};
   j.checks_broadcast = true;
+  j.nest_hash = nest_hash;
   j.sizes = shape;
   j.num_sizes = num_leaves;
   impl_->run(j);

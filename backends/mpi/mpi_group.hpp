@@ -68,7 +68,8 @@ class group final : public detail::worker_group {
   std::unique_ptr<started_collective> start_all_reduce_leaves(void* const* leaves, const std::size_t* counts,
                                                               std::size_t num_leaves, detail::element_kind kind,
                                                               ReduceOp op, const char* what, bool checked) override;
-  void check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what) override;
+  void check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what,
+                       std::uint64_t nest_hash = 0) override;
   void broadcast(void* data, std::size_t bytes, int root, const char* what) override;
   void reduce_scatter(const void* in, const std::size_t* leaf_sizes, std::size_t num_leaves, void* out,
                       detail::element_kind kind, ReduceOp op, const char* what) override;

@@ -417,7 +417,8 @@ class replica_collectives {
     c.barrier();
     if (self == 0) {
       c.for_all_replicas([&] {
-        rt_.workers()->check_broadcast(header.sizes, header.num_leaves, root, "mirror::ReplicaContext::broadcast");
+        rt_.workers()->check_broadcast(header.sizes, header.num_leaves, root, "mirror::ReplicaContext::broadcast",
+                                       header.shape_hash);
       });
     }
   }

@@ -97,8 +97,11 @@ class worker_group {
   /// Only the agreement check of a broadcast from worker `root` of a nest whose leaves have
   /// `shape[k]` elements (`any_size` for a resizable leaf, which takes the root's size): a
   /// `shape_error` on every worker when some worker passes another root, another fixed size or
-  /// makes another call. Lets ReplicaContext::broadcast refuse before its local step writes.
-  virtual void check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what) = 0;
+  /// makes another call, or a nest of another type (`nest_hash`: equal on every worker for the
+  /// same nest type; 0 where there is none), empty or not. Lets ReplicaContext::broadcast refuse
+  /// before its local step writes.
+  virtual void check_broadcast(const std::size_t* shape, std::size_t num_leaves, int root, const char* what,
+                               std::uint64_t nest_hash = 0) = 0;
 
   /// `bytes` bytes from worker `root` to every worker (same `bytes` everywhere).
   virtual void broadcast(void* data, std::size_t bytes, int root, const char* what) = 0;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <stdlib.h>  // mkdtemp
 #include <string>
@@ -165,6 +166,16 @@ TEST_CASE("agreement: a call outside run against a collective in fn is a shape_e
             what = e.what();
           }
           CAPTURE(what);
+          // The odd worker's call was an extra one: its run after it is refused, since that
+          // run's match (the others' run, which met the call) has failed.
+          if (w == odd) {
+            try {
+              y.run(s);
+              FAIL("the run after the extra call was not refused");
+            } catch (const mirror::shape_error& e) {
+              CHECK(std::string(e.what()) == what);
+            }
+          }
           // Both calls are named, on every worker.
           CHECK_THAT(what, Catch::Contains(std::string("in ") + x.name + " called outside fn"));
           CHECK_THAT(what, Catch::Contains(std::string("at collective #1 (") + y.name + ") of fn"));
@@ -193,6 +204,8 @@ TEST_CASE("agreement: the newcomer's program: a reduce on the chief and an all_r
       const bool outside = chief_outside ? w == 0 : w != 0;
       if (outside) {
         CHECK_THROWS_AS(s.reduce(ReduceOp::sum, ids), mirror::shape_error);
+        // The reduce was an extra call: the run it stood in for is refused (its match failed).
+        CHECK_THROWS_AS(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }), mirror::shape_error);
       } else {
         CHECK_THROWS_AS(s.run([](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, 1); }), mirror::shape_error);
       }
@@ -271,6 +284,8 @@ TEST_CASE("agreement: a mismatch across workers names each worker's call site", 
     CHECK_THAT(what, Catch::Contains("in mirror::Strategy::reduce called outside fn at " + site(reduce_line)));
     CHECK_THAT(what, Catch::Contains("at collective #1 (all_reduce(sum)) of fn at " + site(in_fn_line)));
     CHECK(same_on_every_worker(what));
+    // The reduce was an extra call: worker 0's run after it is refused (its match has failed).
+    if (w == 0) CHECK_THROWS_AS(s.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, 1); }), mirror::shape_error);
     check_goes_on(s);
   }
 }
@@ -349,11 +364,14 @@ TEST_CASE("agreement: a replica that returns early is the same timeout_error, wi
 }
 
 TEST_CASE("agreement: a worker whose every replica returns early: a timeout_error at its next call", "[mpi][mismatch]") {
-  // With one replica a worker nobody local waits for it: its run returns. The others' collective
-  // fails when its next cross-worker call arrives (here the next run), as the same timeout_error.
+  // With one replica a worker nobody local waits for it: its run returns. Every worker makes the
+  // same runs: the early worker's next run meets the others' run 1, and both throw the same
+  // timeout_error; the others' run 2 is refused with it (its match, the early worker's run 2,
+  // has failed), and run 3 is right everywhere.
   const int W = world_size(), w = world_rank();
   Strategy& s = strategy_with(1);
   const int early = W - 1;
+  std::string first, second;
   std::vector<int> missing;
   try {
     s.run([&](auto& ctx) {
@@ -361,15 +379,134 @@ TEST_CASE("agreement: a worker whose every replica returns early: a timeout_erro
       if (w == early) return;
       ctx.all_reduce(ReduceOp::sum, 2);
     });
-    if (w == early) s.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, 1); });  // its next call
+  } catch (const mirror::timeout_error& e) {
+    first = e.what();
+    missing = e.missing();
+  }
+  try {
+    s.run([](auto& ctx) { ctx.all_reduce(ReduceOp::sum, 1); });
     FAIL("no error");
   } catch (const mirror::timeout_error& e) {
-    missing = e.missing();
-    CAPTURE(e.what());
-    CHECK_THAT(std::string(e.what()), Catch::Contains("returned from fn without reaching"));
+    second = e.what();
+    if (w == early) missing = e.missing();
   }
+  CAPTURE(first, second);
+  CHECK(first.empty() == (w == early));
+  if (w != early) CHECK(second == first);
+  CHECK_THAT(second, Catch::Contains("returned from fn without reaching"));
+  CHECK_THAT(second, Catch::Contains("refuses its cross-worker calls through run"));
+  CHECK(same_on_every_worker(second));
   CHECK(missing == std::vector<int>{early});
   check_goes_on(s);
+}
+
+// The issue-60 program: every worker makes the same runs; in run 1 every replica of one worker
+// returns from fn without the collective the others make (blocking, non-blocking, or a gradient
+// bucket), then each run k all-reduces k. Runs pair by their count: a run that returns normally
+// must have paired with the same run on every worker, so its value is exact; once the runs the
+// disagreement spoiled are over (run 2 at the latest), every run is exact on every worker.
+TEST_CASE("agreement: after a worker's early return every run pairs with the same run of the others",
+          "[mpi][mismatch]") {
+  const int W = world_size(), w = world_rank();
+  enum class skipped { blocking, async, bucket };
+  for (int R = 1; R <= 2; ++R) {
+    Strategy& s = strategy_with(R);
+    const int N = W * R;
+    for (const skipped how : {skipped::blocking, skipped::async, skipped::bucket}) {
+      for (const int early : {W - 1, 0}) {
+        CAPTURE(R, static_cast<int>(how), early);
+        // What each of runs 1..5 did on this worker: the value it returned, or -1 for an error.
+        std::vector<float> got;
+        std::vector<std::string> errors;
+        try {
+          s.run([&](auto& ctx) {
+            std::vector<float> g(5, 1.f);
+            if (how == skipped::bucket) {
+              auto buckets = ctx.gradient_buckets(ReduceOp::sum, g, 0);
+              if (w == early) return;  // forgot ready and finish
+              buckets.ready(0);
+              buckets.finish();
+              return;
+            }
+            if (w == early) return;
+            if (how == skipped::blocking) {
+              ctx.all_reduce(ReduceOp::sum, std::span<float>(g));
+            } else {
+              ctx.all_reduce_async(ReduceOp::sum, std::span<float>(g)).wait();
+            }
+          });
+          got.push_back(0.f);
+        } catch (const mirror::error& e) {
+          got.push_back(-1.f);
+          errors.push_back(e.what());
+        }
+        for (int k = 2; k <= 5; ++k) {
+          try {
+            const auto out = s.run([k](auto& ctx) { return ctx.all_reduce(ReduceOp::sum, float(k)); });
+            for (const float v : out) CHECK(v == float(k * N));  // never another run's value
+            got.push_back(out.primary());
+          } catch (const mirror::error& e) {
+            got.push_back(-1.f);
+            errors.push_back(e.what());
+          }
+        }
+        CAPTURE(got, errors);
+        CHECK(got[2] == float(3 * N));
+        CHECK(got[3] == float(4 * N));
+        CHECK(got[4] == float(5 * N));
+        if (how == skipped::bucket) {
+          // The dropped buckets are an error of the early worker's run, as an exception in fn.
+          CHECK(got[0] == -1.f);
+          CHECK(got[1] == float(2 * N));
+        } else if (w == early) {
+          CHECK(got[0] == 0.f);   // nobody local waited
+          CHECK(got[1] == -1.f);  // its next cross-worker call meets the others' run 1
+        } else {
+          CHECK(got[0] == -1.f);
+          CHECK(got[1] == -1.f);  // its run 2's match was the early worker's failed run 2
+        }
+        if (how != skipped::bucket) {
+          REQUIRE(!errors.empty());
+          CHECK_THAT(errors[0], Catch::Contains("returned from fn without reaching"));
+          CHECK(same_on_every_worker(errors[0]));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("agreement: a broadcast of another element type on one worker is a shape_error, empty or not",
+          "[mpi][mismatch]") {
+  const int W = world_size(), w = world_rank();
+  for (int R = 1; R <= 2; ++R) {
+    Strategy& s = strategy_with(R);
+    for (const std::size_t n : {std::size_t{0}, std::size_t{3}}) {
+      for (const int from : {0, W * R - 1}) {
+        CAPTURE(R, n, from);
+        std::vector<std::vector<std::int32_t>> narrow(static_cast<std::size_t>(R), std::vector<std::int32_t>(n, w));
+        std::vector<std::vector<std::int64_t>> wide(static_cast<std::size_t>(R), std::vector<std::int64_t>(n, w));
+        std::string what;
+        try {
+          s.run([&](auto& ctx) {
+            const auto r = static_cast<std::size_t>(ctx.replica_id_in_sync_group() - w * R);
+            if (w == W - 1) {
+              ctx.broadcast(std::span<std::int64_t>(wide[r]), from);
+            } else {
+              ctx.broadcast(std::span<std::int32_t>(narrow[r]), from);
+            }
+          });
+          FAIL("no error");
+        } catch (const mirror::shape_error& e) {
+          what = e.what();
+        }
+        CAPTURE(what);
+        CHECK(same_on_every_worker(what));
+        for (const auto& v : narrow) CHECK(v == std::vector<std::int32_t>(n, w));  // nothing written
+        for (const auto& v : wide) CHECK(v == std::vector<std::int64_t>(n, w));
+        check_goes_on(s);
+      }
+    }
+  }
 }
 
 TEST_CASE("agreement: an exception in fn keeps the original nested on its own worker", "[mpi]") {

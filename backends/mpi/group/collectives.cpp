@@ -64,6 +64,7 @@ void group::impl::execute(job& j) {
     {
       std::lock_guard lock(mutex);
       if (broken.why != broken_state::none) std::rethrow_exception(broken_error());
+      if (j.phase <= refused_through) std::rethrow_exception(refusal);
     }
     if (remote) adopt_remote(j);  // a timeout notice arrived while we were idle
     // A failed run is recovered from before anything later is posted; the failed run's own
@@ -762,6 +763,8 @@ void group::impl::agree(job& j, bool carried, bool keyed) {
       const std::size_t n = j.kind == job::gather ? j.num_sizes * static_cast<std::size_t>(W) : j.num_sizes;
       key = agreement_key(static_cast<std::uint64_t>(key), detail::shape_hash(j.sizes, n), j.num_sizes);
     }
+    // A broadcast's element types: its sizes count elements, and an empty one moves no bytes.
+    if (j.nest_hash != 0) key = agreement_key(static_cast<std::uint64_t>(key), j.nest_hash, 1);
   }
   if (carried && j.kind == job::counts && W <= direct_agreement) {
     if (!exchange_counts_direct(j, key)) describe_disagreement(j, element, what_kind, flag, call);
@@ -854,7 +857,7 @@ void group::impl::describe_disagreement(const job& j, std::uint64_t element, std
   mine[3] = flag | static_cast<std::int64_t>(j.num_sizes) << 8;
   mine[4] = static_cast<std::int64_t>(j.position.sequence);
   mine[5] = static_cast<std::int64_t>(call);
-  mine[6] = phase.load(std::memory_order_relaxed);
+  mine[6] = j.phase;
   std::strncpy(reinterpret_cast<char*>(mine + 7), j.what != nullptr ? j.what : "", what_words * sizeof(std::int64_t) - 1);
   const std::string site = site_of(j, site_words * sizeof(std::int64_t));
   std::memcpy(mine + 7 + what_words, site.c_str(), site.size() + 1);
@@ -927,8 +930,11 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
   // Phases: odd inside a run. Workers ahead of one that is inside a run have returned from that
   // run's fn without reaching the collective it waits in (a worker whose every replica
   // returned early has nobody local to notice): a timeout_error naming them, as within a worker.
-  std::int64_t lowest = desc(0)[6];
-  for (int p = 1; p < W; ++p) lowest = std::min(lowest, desc(p)[6]);
+  std::int64_t lowest = desc(0)[6], highest = lowest;
+  for (int p = 1; p < W; ++p) {
+    lowest = std::min(lowest, desc(p)[6]);
+    highest = std::max(highest, desc(p)[6]);
+  }
   std::vector<int> missing;
   std::string ahead, behind;
   for (int p = 0; p < W; ++p) {
@@ -938,7 +944,32 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
       for (int r = 0; r < R; ++r) missing.push_back(p * R + r);
     }
   }
-  resync_phase(all);
+  // Runs pair by their count. Workers at different phases: every call of the phases up to the
+  // highest has lost its match (a worker ahead passed those phases, or throws its call of the
+  // highest now), so each worker refuses its own calls through that phase, and the next phase
+  // pairs right. Workers in the same run: the rest of it is refused too, since a worker whose fn
+  // ends at this error posts nothing more in it, while another may have started later
+  // collectives already (non-blocking ones, gradient buckets).
+  const bool refuse = highest != lowest || (highest & 1) != 0;
+  std::string refused;
+  if (highest == lowest && refuse) {
+    refused = detail::format("; every worker refuses its later cross-worker calls of run %lld with this error",
+                             static_cast<long long>((highest + 1) / 2))
+                  .c_str();
+  } else if (highest != lowest) {
+    refused = (highest & 1) != 0
+                  ? detail::format("; every worker refuses its cross-worker calls through run %lld with this error "
+                                   "(runs pair by their count, and the other workers' calls of those runs have "
+                                   "failed); run %lld pairs again",
+                                   static_cast<long long>((highest + 1) / 2), static_cast<long long>((highest + 1) / 2 + 1))
+                        .c_str()
+                  : detail::format("; every worker refuses its cross-worker calls until run %lld starts with this "
+                                   "error (runs pair by their count, and the other workers' calls between runs %lld "
+                                   "and %lld have failed); run %lld pairs again",
+                                   static_cast<long long>(highest / 2 + 1), static_cast<long long>(highest / 2),
+                                   static_cast<long long>(highest / 2 + 1), static_cast<long long>(highest / 2 + 1))
+                        .c_str();
+  }
   std::exception_ptr e;
   if ((lowest & 1) != 0 && !missing.empty()) {
     std::string names;
@@ -946,33 +977,30 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
     e = std::make_exception_ptr(timeout_error(
         detail::format("mirror: replicas {%s} (workers %s) returned from fn without reaching the collective that "
                        "workers %s wait in, and made a later call:%s; every replica of every worker must make the "
-                       "same collective calls",
-                       names.c_str(), ahead.c_str(), behind.c_str(), table.c_str()),
+                       "same collective calls%s",
+                       names.c_str(), ahead.c_str(), behind.c_str(), table.c_str(), refused.c_str()),
         missing));
   } else {
     std::string text = "mirror: the workers disagree on a cross-worker collective:" + table;
-    if (described_alike) text += "; the sizes of individual leaves differ between the workers";
+    if (described_alike) {
+      text += (desc(0)[3] & 0xff) == 1 ? "; the nests' types or the sizes of individual leaves differ between the workers"
+                                       : "; the sizes of individual leaves differ between the workers";
+    }
     text += "; every replica of every worker must make the same collective calls, in the same order, with leaves "
             "of the same sizes";
+    text += refused;
     e = std::make_exception_ptr(shape_error(text));
   }
   {
     std::lock_guard lock(mutex);
     symmetric.push_back(e);
     if (symmetric.size() > 16) symmetric.erase(symmetric.begin());
+    if (refuse && highest > refused_through) {
+      refused_through = highest;
+      refusal = e;
+    }
   }
   std::rethrow_exception(e);
-}
-
-void group::impl::resync_phase(const std::int64_t* all) {
-  std::int64_t target = 0;
-  for (int p = 0; p < W; ++p) {
-    const std::int64_t ph = all[description_words * static_cast<std::size_t>(p) + 6];
-    target = std::max(target, ph + (ph & 1));
-  }
-  const std::int64_t now = phase.load(std::memory_order_relaxed);
-  const std::int64_t want = (now & 1) != 0 ? target - 1 : target;
-  if (want > now) phase.store(want, std::memory_order_relaxed);
 }
 
 void group::impl::log_post(post_kind kind, std::size_t count, std::int64_t element, std::int64_t op) {

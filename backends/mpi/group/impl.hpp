@@ -258,6 +258,7 @@ struct group::impl {
     std::exception_ptr error;
     bool in_worker_order = false;  // reduce: fold the workers' values in worker order (see reduce_in_worker_order)
     bool checks_broadcast = false;  // check: of a broadcast from `root` of leaves `sizes` (check_broadcast)
+    std::uint64_t nest_hash = 0;    // check of a broadcast: its nest's type (0: none given)
     // The caller's collective of fn (detail::current_position, read on the caller's thread), for
     // messages; sequence 0 outside fn (then `what` names the API).
     detail::collective_position position{};  // set by run()
@@ -492,6 +493,13 @@ struct group::impl {
     std::vector<int> missing;  // failed_timeout: the global replicas that did not arrive
   };
   failure_info failure;  // the latest failed run (guarded by mutex)
+  // After a disagreement inside a run or between workers at different phases
+  // (throw_disagreement): every call of this worker of a phase up to refused_through throws
+  // `refusal`, the disagreement's error, on every worker alike. Its match on another worker
+  // failed already or was never made: the phases a worker ahead passed without a call, the
+  // phase whose call it threw, the rest of a run that ended at the error. (Guarded by mutex.)
+  std::int64_t refused_through = -1;
+  std::exception_ptr refusal;
   std::atomic<std::int64_t> local_failed_phase{-1};  // report_failure's news for the driver
   // The recovery's state (held under `driver`).
   std::int64_t job_phase = 0;  // the phase of the job being executed (or of the last one)
@@ -775,8 +783,9 @@ struct group::impl {
   /// user's collective in fn (its number, kind and op or root, as ReplicaContext numbers them) or
   /// the cross-replica API outside fn (`what`), and the run (the phase), so that two different
   /// calls never pair, however alike their payloads (a Strategy::reduce outside run against an
-  /// all_reduce in fn; collective #1 of one run against collective #1 of the next). Phases stay
-  /// equal on every worker: runs are collective, and a disagreement realigns them (resync_phase).
+  /// all_reduce in fn; collective #1 of one run against collective #1 of the next). A phase counts
+  /// the runs a worker has made, so equal phases are the same run; after a disagreement between
+  /// phases the calls of the phases it spoiled are refused (refused_through).
   /// With `carried`, `j`'s elements ride in the check's slot (carries()) and the check is the
   /// whole collective: on agreement they are the reduction's result (all_reduce: in `j.data`;
   /// reduce-scatter: this worker's ranges in `j.out`); where they go in cuts (carries_cuts()),
@@ -933,20 +942,15 @@ struct group::impl {
   void keep_ranges(const job& j, const unsigned char* from, bool packed = false) const;
 
   /// The error of a failed agreement check, from every worker's description (`all`, W of
-  /// description_words): the same text and type on every worker. Every worker also aligns its
-  /// phase with the others' (resync_phase), so that a worker that made a call outside run while
-  /// the others ran fn still tells the same runs apart afterwards.
+  /// description_words): the same text and type on every worker. Every worker also refuses its
+  /// later calls up to the highest phase any worker stands in, where that is a run or the
+  /// workers' phases differ (refused_through), so that a run pairs only with the same run of the
+  /// others and the rest of a failed run, started or not, never pairs.
   [[noreturn]] void throw_disagreement(const std::int64_t* all);
   /// After agree()'s keys disagreed: gathers every worker's description of its call (agree()'s
   /// `element`, `what_kind`, `flag` and `call` for `j`) and throws throw_disagreement's error.
   [[noreturn]] void describe_disagreement(const job& j, std::uint64_t element, std::uint64_t what_kind,
                                           std::int64_t flag, std::uint64_t call);
-
-  /// After a failed agreement check: moves this worker's phase to where the others' will be once
-  /// every worker's current call has ended (a run ends on an even phase), so that phases keep
-  /// naming the same runs on every worker. Runs while the caller waits for this job (or makes it
-  /// itself), so nothing else advances the phase meanwhile.
-  void resync_phase(const std::int64_t* all);
 
   /// wait(), and when it throws while a request of `requests` is still pending (the wait was
   /// given up, or MPI failed), `buffers` (the requests') are kept alive for the rest of the
