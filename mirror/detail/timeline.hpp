@@ -9,10 +9,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <mirror/source_location.hpp>
 #include <string>
 #include <string_view>
@@ -156,7 +160,92 @@ class timeline {
   bool first_ = true;
 };
 
+/// The timelines with an open file. A trace is most wanted when the program ends abnormally, and
+/// then no strategy's destructor runs: so std::exit, an uncaught exception (std::terminate) and
+/// the fatal signals write out what each open timeline recorded and end its file, so that it is
+/// valid JSON. The handlers are installed when the first timeline opens (the signals' previous
+/// actions are taken again, and the signal raised again, once the files are closed). Best effort
+/// on a signal: writing formats and allocates, which a crash inside the allocator may not survive.
+class open_timelines {
+ public:
+  static void add(timeline* t) noexcept;
+  static void remove(timeline* t) noexcept;
+  /// Closes every open timeline; skipped where another thread holds the list (a signal that
+  /// arrived while it did).
+  static void close_all() noexcept;
+
+ private:
+  struct state {
+    std::mutex mutex;
+    std::vector<timeline*> open;
+    std::terminate_handler previous_terminate = nullptr;
+    struct sigaction previous[6] = {};
+  };
+  static constexpr int fatal[6] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTERM};
+  static state& get() noexcept {
+    static state* s = new state();  // never destroyed: an exit handler may still use it
+    return *s;
+  }
+  static void install() noexcept;
+  static void on_terminate();
+  static void on_signal(int sig) noexcept;
+};
+
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
+MIRROR_DETAIL_INLINE void open_timelines::add(timeline* t) noexcept {
+  static std::once_flag installed;
+  std::call_once(installed, install);
+  state& s = get();
+  std::lock_guard lock(s.mutex);
+  try {
+    s.open.push_back(t);
+  } catch (...) {
+    // Out of memory: this timeline is closed by its strategy only.
+  }
+}
+
+MIRROR_DETAIL_INLINE void open_timelines::remove(timeline* t) noexcept {
+  state& s = get();
+  std::lock_guard lock(s.mutex);
+  s.open.erase(std::remove(s.open.begin(), s.open.end(), t), s.open.end());
+}
+
+MIRROR_DETAIL_INLINE void open_timelines::close_all() noexcept {
+  state& s = get();
+  std::unique_lock lock(s.mutex, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  std::vector<timeline*> open;
+  open.swap(s.open);
+  lock.unlock();  // close() removes each from the (now empty) list
+  for (timeline* t : open) t->close();
+}
+
+MIRROR_DETAIL_INLINE void open_timelines::install() noexcept {
+  state& s = get();
+  std::atexit([] { close_all(); });
+  s.previous_terminate = std::set_terminate(on_terminate);
+  struct sigaction action = {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  for (int i = 0; i < 6; ++i) sigaction(fatal[i], &action, &s.previous[i]);
+}
+
+MIRROR_DETAIL_INLINE void open_timelines::on_terminate() {
+  close_all();
+  const std::terminate_handler previous = get().previous_terminate;
+  if (previous != nullptr) previous();
+  std::abort();
+}
+
+MIRROR_DETAIL_INLINE void open_timelines::on_signal(int sig) noexcept {
+  close_all();
+  state& s = get();
+  for (int i = 0; i < 6; ++i) {
+    if (fatal[i] == sig) sigaction(sig, &s.previous[i], nullptr);
+  }
+  std::raise(sig);  // the previous action (by default: end the process, with a core where due)
+}
+
 MIRROR_DETAIL_INLINE std::string timeline::file_of(const std::string& path) const {
   if (workers_ <= 1) return path;
   const std::string tag = ".worker" + std::to_string(worker_);
@@ -185,6 +274,7 @@ MIRROR_DETAIL_INLINE void timeline::open(const std::string& path) {
   file_ = f;
   path_ = file;
   first_ = true;
+  open_timelines::add(this);
   std::fprintf(file_, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
   std::fprintf(file_, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"worker %d\"}}",
                worker_, worker_);
@@ -199,6 +289,7 @@ MIRROR_DETAIL_INLINE void timeline::open(const std::string& path) {
 
 MIRROR_DETAIL_INLINE void timeline::close() noexcept {
   if (file_ == nullptr) return;
+  open_timelines::remove(this);
   drain();
   std::fprintf(file_, "\n]}\n");
   std::fclose(file_);

@@ -6,7 +6,10 @@ chrome://tracing read; a named track per replica (and per worker, its MPI calls)
 complete events, in time order and properly nested on each track; every phase the page names,
 the collectives with their call sites, and the slow replica's imbalance showing as waits.
 
-Usage: check_timeline.py PROGRAM OUTDIR [--replicas R] [--workers W --launch 'run_mpi.sh 2']
+With --end exit, throw or signal the program ends abnormally with its strategy alive (std::exit,
+an uncaught exception, SIGSEGV), and the file must be just as whole.
+
+Usage: check_timeline.py PROGRAM OUTDIR [--replicas R] [--workers W --launch 'run_mpi.sh 2'] [--end E]
 Exit 0 when the trace holds, 1 with one line per problem otherwise.
 """
 import argparse
@@ -24,16 +27,17 @@ ap.add_argument('--replicas', type=int, default=2)
 ap.add_argument('--workers', type=int, default=1)
 ap.add_argument('--launch', default='')
 ap.add_argument('--runs', type=int, default=3)
+ap.add_argument('--end', default='close', choices=['close', 'exit', 'throw', 'signal'])
 args = ap.parse_args()
 
 os.makedirs(args.outdir, exist_ok=True)
 path = os.path.join(args.outdir, 'trace.json')
-cmd = shlex.split(args.launch) + [args.program, path, str(args.replicas), str(args.runs)]
+cmd = shlex.split(args.launch) + [args.program, path, str(args.replicas), str(args.runs), args.end]
 done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 if done.returncode == 77:  # run_mpi.sh: no mpirun here
     print(done.stdout.strip())
     sys.exit(77)
-if done.returncode != 0:
+if (done.returncode != 0) != (args.end in ('throw', 'signal')):
     print(done.stdout, done.stderr)
     sys.exit(f'check_timeline: {cmd} exited {done.returncode}')
 lines = [l for l in done.stdout.splitlines() if l.startswith('lines ')][0].split()[1:]

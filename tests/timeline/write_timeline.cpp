@@ -2,13 +2,17 @@
 // Writes the timeline that tests/timeline/check_timeline.py checks (docs/debugging.md#the-timeline):
 // R replicas (W workers under mpirun: devices::Cluster), each run computing (a sleep, longer on
 // the last replica: an imbalance the waits must show) between an all-reduce of a buffer, a
-// broadcast and a scalar all-reduce. Usage: write_timeline FILE [replicas] [runs]. Prints the
-// collectives' lines, which the checker finds in the trace.
+// broadcast and a scalar all-reduce. Usage: write_timeline FILE [replicas] [runs] [end]. Prints the
+// collectives' lines, which the checker finds in the trace. `end` is how the program ends: close
+// (the timeline is ended by set_timeline, the default), exit (std::exit with the strategy alive),
+// throw (an uncaught exception: std::terminate) or signal (SIGSEGV): the file must be whole each way.
 #include <mirror/mirror.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,11 +24,12 @@ using Device = mirror::devices::Threads;
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: write_timeline FILE [replicas] [runs]\n");
+    std::fprintf(stderr, "usage: write_timeline FILE [replicas] [runs] [close|exit|throw|signal]\n");
     return 2;
   }
   const int replicas = argc > 2 ? std::atoi(argv[2]) : 2;
   const int runs = argc > 3 ? std::atoi(argv[3]) : 3;
+  const std::string end = argc > 4 ? argv[4] : "close";
 #if MIRROR_TIMELINE_CLUSTER
   mirror::Strategy<Device> strategy{Device{.local = {.replicas = replicas}}};
 #else
@@ -44,9 +49,13 @@ int main(int argc, char** argv) {
       (void)ctx.all_reduce(mirror::ReduceOp::max, grad[0]);
     });
   }
-  strategy.set_timeline("");  // ends the file
   if (strategy.is_chief()) {
     std::printf("lines %u %u %u\n", reduce_line, broadcast_line, scalar_line);
+    std::fflush(stdout);
   }
+  if (end == "exit") std::exit(0);
+  if (end == "throw") throw std::runtime_error("write_timeline: an exception nobody catches");
+  if (end == "signal") std::raise(SIGSEGV);
+  strategy.set_timeline("");  // ends the file
   return 0;
 }
