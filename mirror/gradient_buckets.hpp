@@ -232,12 +232,39 @@ class GradientBuckets {
 
   /// Bucket b's collective is complete: its packed leaves get their results.
   void wait_for(std::size_t b) {
-    with_type(buckets_[b].type, [&]<class E>() {
-      auto& p = std::get<index_of<E>()>(pending_)[b];
-      if (!p) return;  // its start threw (that error left through ready())
-      (void)p->wait();
+    naming_leaves(b, [&] {
+      with_type(buckets_[b].type, [&]<class E>() {
+        auto& p = std::get<index_of<E>()>(pending_)[b];
+        if (!p) return;  // its start threw (that error left through ready())
+        (void)p->wait();
+      });
     });
     if (buckets_[b].packed) unpack(buckets_[b]);
+  }
+
+  /// Runs `f` (a step of bucket b's collective); a shape_error from it is thrown again with the
+  /// bucket's leaves named, the original nested: the collective saw one span, the user wrote
+  /// leaves. (Nested, so that a multi-worker strategy still knows the original for the error
+  /// every worker raised together.)
+  template <class F>
+  void naming_leaves(std::size_t b, F&& f) {
+    try {
+      f();
+    } catch (const shape_error& e) {
+      const bucket& B = buckets_[b];
+      std::string leaves;
+      for (std::size_t k = B.first; k <= B.last && k < B.first + 8; ++k) {
+        leaves += detail::format("%sleaf %zu (%s) %zu elements", leaves.empty() ? "" : ", ", k,
+                                 leaves_[k].type_name().c_str(), leaves_[k].count)
+                      .c_str();
+      }
+      if (B.last >= B.first + 8) leaves += ", ...";
+      std::throw_with_nested(shape_error(detail::format(
+          "mirror::GradientBuckets at %s, bucket %zu: it reduces leaves %zu..%zu of grads as one span of %zu "
+          "elements (%s on replica %d), so one of those leaves differs in size, or the call differs, between the "
+          "replicas: %s",
+          detail::site_text(where_).c_str(), b, B.first, B.last, span_of(B), leaves.c_str(), replica_, e.what())));
+    }
   }
 
   /// During backward: the buckets whose collectives have completed, in order, take their
@@ -291,6 +318,7 @@ class GradientBuckets {
     unsigned type;       // index in element_types_t<T>
     std::size_t bucket;
     bool ready = false;
+    std::string (*type_name)() = nullptr;  // the leaf's type, for errors
   };
   struct bucket {
     std::size_t first, last;  // leaves [first, last], in nest order
@@ -339,7 +367,8 @@ class GradientBuckets {
           using L = std::remove_cvref_t<decltype(l)>;
           using E = leaf_element_t<L>;
           const auto e = leaf_traits<L>::elements(l);
-          leaves_.push_back({static_cast<void*>(e.data()), e.size(), index_of<E>(), 0});
+          leaves_.push_back({static_cast<void*>(e.data()), e.size(), index_of<E>(), 0, false,
+                             +[] { return std::string(detail::type_name<L>().c_str()); }});
         },
         grads);
     [&]<class... Es>(detail::type_list<Es...>) {
@@ -469,8 +498,10 @@ class GradientBuckets {
         }
         data = out;
       }
-      std::get<index_of<E>()>(pending_)[b].emplace(
-          std::get<index_of<E>()>(starters_)(context_, op_, data, span_of(B), where_));
+      naming_leaves(b, [&] {
+        std::get<index_of<E>()>(pending_)[b].emplace(
+            std::get<index_of<E>()>(starters_)(context_, op_, data, span_of(B), where_));
+      });
     });
   }
 

@@ -10,6 +10,8 @@
 
 #include <mirror/backends/mpi/group/impl.hpp>
 
+#include <exception>
+
 namespace mirror::mpi {
 namespace {
 
@@ -430,8 +432,17 @@ void group::report_failure(int global_replica, const std::exception_ptr& failure
   try {
     std::lock_guard lock(m.mutex);
     if (m.broken.why != impl::broken_state::none) return;  // already known to be over (and told)
+    // An error every worker raised together is not forwarded, nor one that a layer above
+    // threw again with its own context, nesting it (a gradient bucket names its leaves).
+    std::exception_ptr nested;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::nested_exception& n) {
+      nested = n.nested_ptr();
+    } catch (...) {
+    }
     for (const auto& e : m.symmetric) {
-      if (e == failure) return;  // every worker raised it together; the group is still usable
+      if (e == failure || (nested != nullptr && e == nested)) return;  // the group is still usable
     }
     const std::int64_t now = m.phase.load(std::memory_order_relaxed);
     if (m.failure.phase == now) return;  // this run has failed already (here or elsewhere): all are told

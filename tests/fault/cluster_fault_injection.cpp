@@ -514,7 +514,10 @@ void run_trial(S& s, const trial& t, std::string& failure) {
         // The extra call meets the others' run; this worker's own run is then refused with the
         // same error: its match, the others' run, has failed.
         if (extra.kind != seen::shape) fail("the call outside run: not a shape_error", extra);
-        if (o.kind != seen::shape || o.text != extra.text) fail("the run after the call outside run was not refused", o);
+        // (A bucket adds its leaves to the error's text: the same error, with more said.)
+        if (o.kind != seen::shape || o.text.find(extra.text) == std::string::npos) {
+          fail("the run after the call outside run was not refused", o);
+        }
         o = extra;
       }
       if (o.kind != seen::shape) fail("not a shape_error", o);
@@ -574,7 +577,7 @@ void run_trial(S& s, const trial& t, std::string& failure) {
       fail("the first run after a worker's early return: not a timeout_error missing {" + std::to_string(t.who) + "}",
            after[0]);
     }
-    if (!early_worker && o.kind == seen::timeout && after[0].text != o.text) {
+    if (!early_worker && o.kind == seen::timeout && o.text.find(after[0].text) == std::string::npos) {
       fail("the refused run's error is not the trial run's", after[0]);
     }
   }

@@ -232,6 +232,36 @@ TEST_CASE("gradient buckets: leaves of other sizes on one replica are a shape_er
                       b.finish();
                     }),
                     mirror::shape_error);
+  // The error names the user's leaves, their types and sizes, and the bucket, not only the span
+  // the bucket packed them into: one replica's leaf 1 has 11 elements, the other's 10.
+  for (const std::size_t cap : {std::size_t{0}, std::size_t{1} << 20}) {
+    CAPTURE(cap);
+    std::vector<std::string> seen(3);
+    REQUIRE_THROWS_AS(s.run([&](auto& ctx) {
+                        const int g = ctx.replica_id_in_sync_group();
+                        std::tuple<std::vector<float>, std::vector<float>> grads{std::vector<float>(150),
+                                                                                  std::vector<float>(g == 1 ? 11 : 10)};
+                        auto b = ctx.gradient_buckets(ReduceOp::sum, grads, cap);
+                        try {
+                          b.ready(1);
+                          b.ready(0);
+                          b.finish();
+                        } catch (const mirror::shape_error& e) {
+                          seen[static_cast<std::size_t>(g)] = e.what();
+                          throw;
+                        }
+                      }),
+                      mirror::shape_error);
+    CAPTURE(seen);
+    for (int g = 0; g < 3; ++g) {
+      const std::string& what = seen[static_cast<std::size_t>(g)];
+      CHECK_THAT(what, Catch::Contains("mirror::GradientBuckets at ") && Catch::Contains("async_test.cpp"));
+      CHECK_THAT(what, Catch::Contains("on replica " + std::to_string(g)));
+      CHECK_THAT(what, Catch::Contains("leaf 1 (std::vector<float") &&
+                           Catch::Contains(g == 1 ? ") 11 elements" : ") 10 elements"));
+      CHECK_THAT(what, Catch::Contains(cap == 0 ? "bucket 0: it reduces leaves 1..1" : "bucket 0: it reduces leaves 0..1"));
+    }
+  }
 }
 
 TEST_CASE("gradient buckets: finish() of spans returns them as Synced, for a variable's update", "[async]") {

@@ -257,6 +257,40 @@ TEST_CASE("async: a mismatch across workers is a shape_error on every replica of
   }
 }
 
+TEST_CASE("async: a bucket's leaf of another size on one worker names the leaf on every replica of every worker",
+          "[mpi][mismatch]") {
+  if (world_size() < 2) return;
+  for (int R = 1; R <= 2; ++R) {
+    Strategy& s = strategy_with(R);
+    for (const std::size_t cap : {std::size_t{0}, std::size_t{1} << 20}) {
+      CAPTURE(R, cap);
+      std::vector<std::string> seen(static_cast<std::size_t>(R));
+      REQUIRE_THROWS_AS(s.run([&](auto& ctx) {
+                          const int r = ctx.replica_id_in_sync_group() - world_rank() * R;
+                          // worker 1's leaf 1 has one element more
+                          std::tuple<std::vector<float>, std::vector<float>> grads{
+                              std::vector<float>(150, 1.f), std::vector<float>(world_rank() == 1 ? 11 : 10, 1.f)};
+                          auto b = ctx.gradient_buckets(ReduceOp::sum, grads, cap);
+                          try {
+                            b.ready(1);
+                            b.ready(0);
+                            b.finish();
+                          } catch (const mirror::shape_error& e) {
+                            seen[static_cast<std::size_t>(r)] = e.what();
+                            throw;
+                          }
+                        }),
+                        mirror::shape_error);
+      CAPTURE(seen);
+      for (const std::string& what : seen) {
+        CHECK_THAT(what, Catch::Contains("mirror::GradientBuckets at ") &&
+                             Catch::Contains("leaf 1 (std::vector<float") && Catch::Contains("the workers disagree"));
+      }
+      check_goes_on(s);
+    }
+  }
+}
+
 TEST_CASE("async: an exception on one worker ends the others' pending collectives with replica_error", "[mpi]") {
   if (world_size() < 2) return;
   for (int R = 1; R <= 3; ++R) {
