@@ -73,6 +73,12 @@ class ReplicaContext {
   /// **Errors**: `mirror::shape_error` (on every replica) when replicas disagree.
   /// **Communication**: the ops policy's; see its header.
   /// **Example**: `auto total = ctx.all_reduce(mirror::ReduceOp::sum, std::span<float>(grads));`
+  /// A value that is not a nest: a compile error that says why (`mirror::nest`).
+  template <class T>
+    requires(!nest<T>)
+  void all_reduce(ReduceOp, T&&, mirror::source_location = mirror::source_location::current()) {
+    static_assert(detail::explain_not_nest<T>());
+  }
   template <nest T>
   Synced<std::remove_cvref_t<T>> all_reduce(ReduceOp op, T&& value,
                                             mirror::source_location where = mirror::source_location::current()) {
@@ -184,6 +190,12 @@ class ReplicaContext {
   /// **Communication**: the ops policy's; the CPU default reads every replica's cut once and
   /// writes the result once ((N+1)·S bytes in all for S bytes per replica).
   /// **Example**: `auto mine = ctx.reduce_scatter(mirror::ReduceOp::sum, std::span<float>(grads));`
+  /// A value that is not a nest: a compile error that says why (`mirror::nest`).
+  template <class T>
+    requires(!nest<T>)
+  void reduce_scatter(ReduceOp, T&&, mirror::source_location = mirror::source_location::current()) {
+    static_assert(detail::explain_not_nest<T>());
+  }
   template <nest T>
   std::remove_cvref_t<T> reduce_scatter(ReduceOp op, T&& value,
                                         mirror::source_location where = mirror::source_location::current()) {
@@ -212,6 +224,12 @@ class ReplicaContext {
   /// **Communication**: one copy of every leaf from `from` to each other replica. Up to 64 bytes
   /// of host leaves none of which is resizable travel in the call's one exchange (one
   /// synchronisation instead of three).
+  /// A value that is not a nest: a compile error that says why (`mirror::nest`).
+  template <class T>
+    requires(!nest<T>)
+  void broadcast(T&&, int = 0, mirror::source_location = mirror::source_location::current()) {
+    static_assert(detail::explain_not_nest<T>());
+  }
   template <nest T>
   Synced<std::remove_cvref_t<T>> broadcast(T&& value, int from = 0,
                                            mirror::source_location where = mirror::source_location::current()) {
@@ -355,6 +373,12 @@ class ReplicaContext {
 
   /// `all_reduce`, started. **Example**:
   /// `auto p = ctx.all_reduce_async(mirror::ReduceOp::sum, std::span<float>(grads)); ...; p.wait();`
+  /// A value that is not a nest: a compile error that says why (`mirror::nest`).
+  template <class T>
+    requires(!nest<T>)
+  void all_reduce_async(ReduceOp, T&&, mirror::source_location = mirror::source_location::current()) {
+    static_assert(detail::explain_not_nest<T>());
+  }
   template <nest T>
   Pending<Synced<std::remove_cvref_t<T>>> all_reduce_async(
       ReduceOp op, T&& value, mirror::source_location where = mirror::source_location::current()) {
@@ -394,6 +418,12 @@ class ReplicaContext {
 
   /// A DDP-style bucketed all-reduce of `grads`, a nest of gradient buffers (1-D `std::span` or
   /// `std::vector` leaves), reduced in place with `op` (mirror/gradient_buckets.hpp).
+  /// A value that is not a nest: a compile error that says why (`mirror::nest`).
+  template <class T>
+    requires(!nest<T>)
+  void gradient_buckets(ReduceOp, T&, std::size_t, mirror::source_location = mirror::source_location::current()) {
+    static_assert(detail::explain_not_nest<T>());
+  }
   template <nest T>
   GradientBuckets<T> gradient_buckets(ReduceOp op, T& grads, std::size_t bucket_bytes,
                                       mirror::source_location where = mirror::source_location::current()) {

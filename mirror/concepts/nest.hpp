@@ -29,6 +29,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace mirror {
 namespace detail {
@@ -93,5 +94,29 @@ consteval bool is_nest_impl() {
 /// Satisfied by the types collectives accept: see the file comment.
 template <class T>
 concept nest = detail::is_nest_impl<std::remove_cvref_t<T>>();
+
+namespace detail {
+template <class T>
+struct is_vector_of_non_arithmetic : std::false_type {};
+template <class E, class A>
+struct is_vector_of_non_arithmetic<std::vector<E, A>> : std::bool_constant<!std::is_arithmetic_v<E>> {};
+
+/// The body of a collective's overload for a value that is not a nest: one sentence that says
+/// why, in place of the constraint's notes (and of run's "fn must be callable" after them).
+template <class T>
+constexpr bool explain_not_nest() {
+  using N = std::remove_cvref_t<T>;
+  static_assert(!is_vector_of_non_arithmetic<N>::value,
+                "mirror: a std::vector of vectors (or of other non-arithmetic elements) is not a mirror::nest: a "
+                "leaf is one contiguous buffer of arithmetic elements, and a nest's shape is fixed by its type, so a "
+                "run-time list of buffers is neither; use std::array<std::vector<E>, K>, a std::tuple or a Hana "
+                "struct of leaves, or one flat std::vector<E> (and std::span views of its parts)");
+  static_assert(is_vector_of_non_arithmetic<N>::value || nest<N>,
+                "mirror: this value is not a mirror::nest: pass a leaf (an arithmetic scalar, std::vector or "
+                "std::array of arithmetic elements, std::span, mirror::matrix, or a type with mirror::leaf_traits) or "
+                "a std::tuple, std::pair, std::array, boost::hana::tuple or Hana struct of nests");
+  return false;
+}
+}  // namespace detail
 
 }  // namespace mirror

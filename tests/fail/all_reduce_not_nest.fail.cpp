@@ -1,4 +1,4 @@
-// expected-error: required for the satisfaction of 'nest<T>'
+// expected-error: this value is not a mirror::nest: pass a leaf
 // Compile-fail test all_reduce_not_nest: ctx.all_reduce of a std::string: not a mirror::nest.
 // all_reduce_not_nest.fail.cpp must not compile; all_reduce_not_nest.pass.cpp, which differs only in the line marked
 // "under test", must.
