@@ -17,6 +17,7 @@
 #include <vector>
 #include <mirror/detail/checksum.hpp>
 #include <mirror/detail/cross_worker.hpp>
+#include <mirror/detail/element_kind.hpp>
 #include <mirror/detail/format.hpp>
 #include <mirror/detail/nest_walk.hpp>
 #include <mirror/detail/worker_group.hpp>
@@ -188,7 +189,11 @@ void deserialise(std::string_view& in, T& value, std::size_t var, const std::str
         if (in.size() < sizeof head) fail("the checkpoint ends early");
         std::memcpy(head, in.data(), sizeof head);
         in.remove_prefix(sizeof head);
-        if (head[0] != want.code()) fail("the saved element type differs");
+        if (head[0] != want.code()) {
+          fail(format("the checkpoint holds %s elements, the variable %s",
+                      kind_name(element_kind::from_code(head[0])).c_str(), kind_name(want).c_str())
+                   .c_str());
+        }
         if (head[1] != e.size()) {
           fail(format("the checkpoint holds %llu elements, the variable %zu", static_cast<unsigned long long>(head[1]),
                       e.size())

@@ -883,32 +883,36 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
     described_alike = described_alike && std::equal(d, d + 6, desc(0)) && std::equal(d + 7, d + 7 + what_words, desc(0) + 7);  // call sites may differ
     table += detail::format("%sworker %d (%s) ", p == 0 ? " " : "; ", p, replicas_of(p).c_str()).c_str();
     const detail::element_kind k = detail::element_kind::from_code(static_cast<std::uint64_t>(d[1]));
-    const detail::message leaves = detail::format(" in %lld leaves", static_cast<long long>(d[3] >> 8));
+    const auto one = [](std::int64_t n) { return n == 1 ? "" : "s"; };  // "1 element", "2 elements"
+    const detail::message leaves =
+        detail::format(" in %lld %s", static_cast<long long>(d[3] >> 8), (d[3] >> 8) == 1 ? "leaf" : "leaves");
     const char* const order = (d[2] % 200) >= 100 ? " in worker order (MpiAllReduce{.deterministic = true})" : "";
     switch (d[3] & 0xff) {
       case 1:
-        table += (d[0] != 0 ? detail::format("broadcasts %lld bytes from worker %lld", static_cast<long long>(d[0]),
-                                             static_cast<long long>(d[2] - 1000))
+        table += (d[0] != 0 ? detail::format("broadcasts %lld byte%s from worker %lld", static_cast<long long>(d[0]),
+                                             one(d[0]), static_cast<long long>(d[2] - 1000))
                             : detail::format("broadcasts from worker %lld", static_cast<long long>(d[2] - 1000)))
                      .c_str();
         break;
       case 2: {
         const std::string_view op = mirror::to_string(static_cast<ReduceOp>(d[2] % 100));
-        table += detail::format("reduce-scatters %lld %s elements%s with %.*s%s", static_cast<long long>(d[0]),
-                                kind_name(k).c_str(), leaves.c_str(), static_cast<int>(op.size()), op.data(), order)
+        table += detail::format("reduce-scatters %lld %s element%s%s with %.*s%s", static_cast<long long>(d[0]),
+                                kind_name(k).c_str(), one(d[0]), leaves.c_str(), static_cast<int>(op.size()), op.data(), order)
                      .c_str();
         break;
       }
       case 3:
-        table += detail::format("all-gathers %lld bytes of %s elements%s", static_cast<long long>(d[0]),
+        table += detail::format("all-gathers %lld byte%s of %s elements%s", static_cast<long long>(d[0]), one(d[0]),
                                 kind_name(k).c_str(), leaves.c_str())
                      .c_str();
         break;
-      case 4: table += detail::format("all-gathers %lld counts per worker", static_cast<long long>(d[0])).c_str(); break;
+      case 4:
+        table += detail::format("all-gathers %lld count%s per worker", static_cast<long long>(d[0]), one(d[0])).c_str();
+        break;
       default: {
         const std::string_view op = mirror::to_string(static_cast<ReduceOp>(d[2] % 100));
-        table += detail::format("reduces %lld %s elements with %.*s%s", static_cast<long long>(d[0]),
-                                kind_name(k).c_str(), static_cast<int>(op.size()), op.data(), order)
+        table += detail::format("reduces %lld %s element%s with %.*s%s", static_cast<long long>(d[0]),
+                                kind_name(k).c_str(), one(d[0]), static_cast<int>(op.size()), op.data(), order)
                      .c_str();
       }
     }

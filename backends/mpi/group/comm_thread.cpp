@@ -291,11 +291,23 @@ void group::impl::time_out(clock::time_point start, const char*) {
   }
   text += "; replicas {" + names + "} did not reach this collective";
   if (!late.empty()) {
-    text += " (workers " + late + " answered: they are at an earlier collective or computing" + last_calls + ")";
+    text += detail::format(" (%s %s answered: %s at an earlier collective or computing%s)",
+                           late.find(',') == std::string::npos ? "worker" : "workers", late.c_str(),
+                           late.find(',') == std::string::npos ? "it is" : "they are", last_calls.c_str())
+                .c_str();
   }
   if (!unreachable.empty()) {
-    text += detail::format(" (workers %s did not answer within %lld ms either: busy outside mirror, or gone)",
-                           unreachable.c_str(), std::min<long long>(limit, 5000))
+    text += detail::format(" (%s %s did not answer within %lld ms either: busy outside mirror, or gone)",
+                           unreachable.find(',') == std::string::npos ? "worker" : "workers", unreachable.c_str(),
+                           std::min<long long>(limit, 5000))
+                .c_str();
+  }
+  // The error comes after the wait and the questions: say how long that was in all, where the
+  // questions added to it (a worker that does not answer costs up to 5 s more).
+  const auto in_all = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
+  if (in_all > waited + 500) {
+    text += detail::format("; %.1f s passed in all, %.1f s of them asking the other workers where they are",
+                           static_cast<double>(in_all) / 1000.0, static_cast<double>(in_all - waited) / 1000.0)
                 .c_str();
   }
   if (missing.empty()) text += " (every worker says it arrived: the network is slow or partitioned)";
