@@ -93,9 +93,11 @@ struct bucket_storage<T, Sharded, type_list<Es...>> {
 /// `grads`. Results are bitwise those of `ctx.all_reduce(op, span)` of each bucket's leaves.
 ///
 /// **Requires**: the same leaf sizes on every replica (else the first bucket that differs is a
-/// `mirror::shape_error` on every replica); `grads`' buffers are not touched between `ready(i)`
-/// and `finish()` (a leaf belongs to its bucket's collective), nor resized while the object
-/// lives. **GPU leaves** (`mirror::cuda::device_span`, on `devices::Cuda`): never packed (that
+/// `mirror::shape_error` on every replica, naming the bucket's leaves); `grads`' buffers are not
+/// touched between `ready(i)` and `finish()` (a leaf belongs to its bucket's collective). Before
+/// its bucket starts a leaf may get a new buffer of the same size (the bucket reads it where it
+/// is then); a resized leaf, or a span moved out of an in-place run of adjacent spans, is a
+/// `mirror::error` naming the leaf. **GPU leaves** (`mirror::cuda::device_span`, on `devices::Cuda`): never packed (that
 /// would need device copies the buckets exist to avoid), so a bucket holds a run of leaves that
 /// lie one after another in GPU memory, and is cut early where the next leaf does not (cut one
 /// flat gradient buffer into layers and every bucket is one in-place span); a nest mixing host and

@@ -63,6 +63,13 @@ class ReplicaContext {
   /// The number of replicas running `fn` together.
   int num_replicas_in_sync() const noexcept { return strategy_->num_replicas_in_sync(); }
 
+  /// A value that is not a nest: a compile error that says why (`mirror::nest`).
+  template <class T>
+    requires(!nest<T>)
+  void all_reduce(ReduceOp, T&&, mirror::source_location = mirror::source_location::current()) {
+    static_assert(detail::explain_not_nest<T>());
+  }
+
   /// Reduces `value` across replicas with `op`, leaf by leaf; every replica gets the result.
   ///
   /// **Requires**: every replica passes a nest of the same type with leaves of the same sizes.
@@ -73,12 +80,6 @@ class ReplicaContext {
   /// **Errors**: `mirror::shape_error` (on every replica) when replicas disagree.
   /// **Communication**: the ops policy's; see its header.
   /// **Example**: `auto total = ctx.all_reduce(mirror::ReduceOp::sum, std::span<float>(grads));`
-  /// A value that is not a nest: a compile error that says why (`mirror::nest`).
-  template <class T>
-    requires(!nest<T>)
-  void all_reduce(ReduceOp, T&&, mirror::source_location = mirror::source_location::current()) {
-    static_assert(detail::explain_not_nest<T>());
-  }
   template <nest T>
   Synced<std::remove_cvref_t<T>> all_reduce(ReduceOp op, T&& value,
                                             mirror::source_location where = mirror::source_location::current()) {
@@ -174,6 +175,13 @@ class ReplicaContext {
     all_gather(std::span<const E>(in), out, axis, where);
   }
 
+  /// A value that is not a nest: a compile error that says why (`mirror::nest`).
+  template <class T>
+    requires(!nest<T>)
+  void reduce_scatter(ReduceOp, T&&, mirror::source_location = mirror::source_location::current()) {
+    static_assert(detail::explain_not_nest<T>());
+  }
+
   /// Replica r receives cut r of the `op`-reduction of every replica's `value`: each leaf of n
   /// elements is cut by the batch-split rule (the first n mod N replicas get one element more).
   ///
@@ -190,12 +198,6 @@ class ReplicaContext {
   /// **Communication**: the ops policy's; the CPU default reads every replica's cut once and
   /// writes the result once ((N+1)·S bytes in all for S bytes per replica).
   /// **Example**: `auto mine = ctx.reduce_scatter(mirror::ReduceOp::sum, std::span<float>(grads));`
-  /// A value that is not a nest: a compile error that says why (`mirror::nest`).
-  template <class T>
-    requires(!nest<T>)
-  void reduce_scatter(ReduceOp, T&&, mirror::source_location = mirror::source_location::current()) {
-    static_assert(detail::explain_not_nest<T>());
-  }
   template <nest T>
   std::remove_cvref_t<T> reduce_scatter(ReduceOp op, T&& value,
                                         mirror::source_location where = mirror::source_location::current()) {
@@ -213,6 +215,13 @@ class ReplicaContext {
     return result;
   }
 
+  /// A value that is not a nest: a compile error that says why (`mirror::nest`).
+  template <class T>
+    requires(!nest<T>)
+  void broadcast(T&&, int = 0, mirror::source_location = mirror::source_location::current()) {
+    static_assert(detail::explain_not_nest<T>());
+  }
+
   /// Every replica gets replica `from`'s `value` (`from` is a global replica id on a multi-worker
   /// strategy: worker `from / R` sends it to every other worker).
   ///
@@ -224,12 +233,6 @@ class ReplicaContext {
   /// **Communication**: one copy of every leaf from `from` to each other replica. Up to 64 bytes
   /// of host leaves none of which is resizable travel in the call's one exchange (one
   /// synchronisation instead of three).
-  /// A value that is not a nest: a compile error that says why (`mirror::nest`).
-  template <class T>
-    requires(!nest<T>)
-  void broadcast(T&&, int = 0, mirror::source_location = mirror::source_location::current()) {
-    static_assert(detail::explain_not_nest<T>());
-  }
   template <nest T>
   Synced<std::remove_cvref_t<T>> broadcast(T&& value, int from = 0,
                                            mirror::source_location where = mirror::source_location::current()) {
@@ -371,14 +374,15 @@ class ReplicaContext {
   /// reduction) and `wait()` only hands over the result.
   ///@{
 
-  /// `all_reduce`, started. **Example**:
-  /// `auto p = ctx.all_reduce_async(mirror::ReduceOp::sum, std::span<float>(grads)); ...; p.wait();`
   /// A value that is not a nest: a compile error that says why (`mirror::nest`).
   template <class T>
     requires(!nest<T>)
   void all_reduce_async(ReduceOp, T&&, mirror::source_location = mirror::source_location::current()) {
     static_assert(detail::explain_not_nest<T>());
   }
+
+  /// `all_reduce`, started. **Example**:
+  /// `auto p = ctx.all_reduce_async(mirror::ReduceOp::sum, std::span<float>(grads)); ...; p.wait();`
   template <nest T>
   Pending<Synced<std::remove_cvref_t<T>>> all_reduce_async(
       ReduceOp op, T&& value, mirror::source_location where = mirror::source_location::current()) {
@@ -416,14 +420,15 @@ class ReplicaContext {
     return Pending<Synced<std::remove_cvref_t<T>>>(broadcast(std::forward<T>(value), from, where));
   }
 
-  /// A DDP-style bucketed all-reduce of `grads`, a nest of gradient buffers (1-D `std::span` or
-  /// `std::vector` leaves), reduced in place with `op` (mirror/gradient_buckets.hpp).
   /// A value that is not a nest: a compile error that says why (`mirror::nest`).
   template <class T>
     requires(!nest<T>)
   void gradient_buckets(ReduceOp, T&, std::size_t, mirror::source_location = mirror::source_location::current()) {
     static_assert(detail::explain_not_nest<T>());
   }
+
+  /// A DDP-style bucketed all-reduce of `grads`, a nest of gradient buffers (1-D `std::span` or
+  /// `std::vector` leaves), reduced in place with `op` (mirror/gradient_buckets.hpp).
   template <nest T>
   GradientBuckets<T> gradient_buckets(ReduceOp op, T& grads, std::size_t bucket_bytes,
                                       mirror::source_location where = mirror::source_location::current()) {
