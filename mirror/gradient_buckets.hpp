@@ -138,6 +138,11 @@ class GradientBuckets {
   ~GradientBuckets() {
     if (finished_) return;
     release_staging();
+    // The started buckets complete first, so that an error of their own collectives is the
+    // one fn's caller hears (the queue keeps the first).
+    [&]<class... Es>(detail::type_list<Es...>) {
+      ((std::get<index_of<Es>()>(pending_).clear()), ...);
+    }(detail::element_types_t<T>{});
     // Dropped without finish() while fn goes on: some leaves keep this replica's own values
     // (a leaf never made ready) or the packed input (a bucket never unpacked). fn's caller
     // must hear of it, and a destructor cannot throw: Strategy::run throws it when fn returns.
@@ -159,7 +164,8 @@ class GradientBuckets {
     }
     leaves_[i].ready = true;
     --buckets_[leaves_[i].bucket].remaining;
-    while (next_ < buckets_.size() && buckets_[next_].remaining == 0) start(next_++);
+    // (next_ counts a bucket once its start succeeded: one whose start threw is never waited for.)
+    for (; next_ < buckets_.size() && buckets_[next_].remaining == 0; ++next_) start(next_);
     unpack_completed();
   }
 
@@ -219,9 +225,14 @@ class GradientBuckets {
                                  detail::site_text(where_).c_str()));
     }
     finished_ = true;
-    while (next_ < buckets_.size()) start(next_++);
     std::exception_ptr first;
-    for (; waited_ < buckets_.size(); ++waited_) {
+    try {
+      for (; next_ < buckets_.size(); ++next_) start(next_);
+    } catch (...) {
+      first = std::current_exception();
+    }
+    // The buckets that started complete (and are unpacked) whatever failed after them.
+    for (; waited_ < next_; ++waited_) {
       try {
         wait_for(waited_);
       } catch (...) {
@@ -234,19 +245,22 @@ class GradientBuckets {
 
   /// Bucket b's collective is complete: its packed leaves get their results.
   void wait_for(std::size_t b) {
+    bool posted = false;
     naming_leaves(b, [&] {
       with_type(buckets_[b].type, [&]<class E>() {
         auto& p = std::get<index_of<E>()>(pending_)[b];
         if (!p) return;  // its start threw (that error left through ready())
+        posted = true;
         (void)p->wait();
       });
     });
-    if (buckets_[b].packed) unpack(buckets_[b]);
+    if (posted && buckets_[b].packed) unpack(buckets_[b]);
   }
 
   /// Runs `f` (a step of bucket b's collective); a shape_error from it is thrown again with the
   /// bucket's leaves named, the original nested: the collective saw one span, the user wrote
-  /// leaves. (Nested, so that a multi-worker strategy still knows the original for the error
+  /// leaves. (The error may be another's, refused here: the words say where it was met, not
+  /// whose it is. Nested, so that a multi-worker strategy still knows the original for the error
   /// every worker raised together.)
   template <class F>
   void naming_leaves(std::size_t b, F&& f) {
@@ -262,9 +276,8 @@ class GradientBuckets {
       }
       if (B.last >= B.first + 8) leaves += ", ...";
       std::throw_with_nested(shape_error(detail::format(
-          "mirror::GradientBuckets at %s, bucket %zu: it reduces leaves %zu..%zu of grads as one span of %zu "
-          "elements (%s on replica %d), so one of those leaves differs in size, or the call differs, between the "
-          "replicas: %s",
+          "mirror::GradientBuckets at %s, bucket %zu, which reduces leaves %zu..%zu of grads as one span of %zu "
+          "elements (%s on replica %d; where the replicas' sizes differ, one of these leaves does): %s",
           detail::site_text(where_).c_str(), b, B.first, B.last, span_of(B), leaves.c_str(), replica_, e.what())));
     }
   }
@@ -295,7 +308,8 @@ class GradientBuckets {
       }
       if (count > 8) never += ", ...";
       const std::string which =
-          count == 0 ? std::string("every leaf was made ready, but packed buckets were never copied back")
+          count == 0 ? std::string("every leaf was made ready, but without finish() the results of packed buckets "
+                                   "were never copied into grads")
                      : detail::format("leaves {%s} (%zu of %zu) were never made ready, so their buckets never started",
                                       never.c_str(), count, leaves_.size())
                            .c_str();
@@ -510,10 +524,16 @@ class GradientBuckets {
   // Bucket b's leaves as grads holds them now. The natural backward pass assigns a new vector
   // to a leaf (`std::get<1>(g) = layer.backward()`), which frees the buffer the plan recorded:
   // reading that one would reduce freed memory. A leaf of the same size that moved is read where
-  // it is now, where its bucket allows that (one leaf, or packed); one whose size changed, or that
-  // left an in-place run of adjacent leaves, is an error before anything is posted.
+  // it is now, and so is a run of adjacent leaves that moved together (spans re-cut from another
+  // flat buffer); a leaf whose size changed, or that left an in-place run, is an error before
+  // anything is posted.
   void reread_leaves(std::size_t b) {
     const bucket& B = buckets_[b];
+    // Where each of the bucket's leaves lies now (and how large it is), in nest order.
+    void* now[8];
+    std::vector<void*> more;
+    void** at = B.last - B.first < 8 ? now : (more.resize(B.last - B.first + 1), more.data());
+    bool moved = false;
     std::size_t i = 0;
     detail::for_each_leaf(
         [&](auto& l) {
@@ -521,26 +541,36 @@ class GradientBuckets {
           if (k < B.first || k > B.last) return;
           using L = std::remove_cvref_t<decltype(l)>;
           const auto e = leaf_traits<L>::elements(l);
-          leaf& f = leaves_[k];
-          if (e.data() == f.data && e.size() == f.count) return;
-          const bool movable = e.size() == f.count && (B.first == B.last || B.packed);
-          if (movable) {
-            f.data = static_cast<void*>(e.data());
-            return;
-          }
-          throw error(detail::format(
-              "mirror::GradientBuckets at %s (replica %d): leaf %zu of grads (%s) %s since gradient_buckets() was "
-              "called, and bucket %zu was planned on it; assign into the leaf's existing buffer (std::copy, or "
-              "Eigen's .noalias() into a map of it), or call gradient_buckets() after the leaves have their final "
-              "buffers",
-              detail::site_text(where_).c_str(), replica_, k, detail::type_name<L>().c_str(),
-              e.size() != f.count
-                  ? detail::format("has %zu elements now, %zu then", e.size(), f.count).c_str()
-                  : "moved out of the run of adjacent leaves its bucket reduces in place",
-              b));
+          const leaf& f = leaves_[k];
+          at[k - B.first] = static_cast<void*>(e.data());
+          moved = moved || e.data() != f.data;
+          if (e.size() != f.count) throw_moved(b, k, detail::type_name<L>(),
+                                               detail::format("has %zu elements now, %zu then", e.size(), f.count).c_str());
         },
         *grads_);
+    if (!moved) return;
+    // An in-place run of several leaves must still be one run: each leaf where the last ends.
+    if (!B.packed && B.first != B.last) {
+      for (std::size_t k = B.first; k < B.last; ++k) {
+        if (static_cast<const char*>(at[k - B.first]) + leaves_[k].count * element_bytes(leaves_[k].type) !=
+            static_cast<const char*>(at[k + 1 - B.first])) {
+          throw_moved(b, k + 1, leaves_[k + 1].type_name(),
+                      "moved out of the run of adjacent leaves its bucket reduces in place");
+        }
+      }
+    }
+    for (std::size_t k = B.first; k <= B.last; ++k) leaves_[k].data = at[k - B.first];
   }
+
+  [[noreturn]] void throw_moved(std::size_t b, std::size_t k, const std::string& type, const char* how) const {
+    throw error(detail::format(
+        "mirror::GradientBuckets at %s (replica %d): leaf %zu of grads (%s) %s since gradient_buckets() was "
+        "called, and bucket %zu was planned on it; assign into the leaf's existing buffer (std::copy, or "
+        "Eigen's .noalias() into a map of it), or call gradient_buckets() after the leaves have their final "
+        "buffers",
+        detail::site_text(where_).c_str(), replica_, k, type.c_str(), how, b));
+  }
+
 
   // The sharded form's packing: block q holds every leaf's cut q, each zero-padded to the
   // leaf's largest cut, so that the packed span's cut q (of B.block elements) is block q.

@@ -167,10 +167,12 @@ class Strategy {
                   "mirror::Strategy::run(fn, args...): fn returns a mirror::Pending, which is valid only inside fn; "
                   "return what its wait() gives instead");
     if (rt_.in_parallel()) throw_nested_run();
+    std::lock_guard lock(run_mutex_);
+    // Multi-worker: a failure belongs to this run, and so does a refused argument: the run is
+    // counted either way, so that runs keep pairing by their count on every worker.
+    const detail::run_phases phases(workers_or_null());
     std::size_t index = 0;
     (check_components(args, index++), ...);
-    std::lock_guard lock(run_mutex_);
-    const detail::run_phases phases(workers_or_null());  // multi-worker: a failure belongs to this run
     detail::recorder_writer::next_run(recorder_);
     const int n = num_local_replicas();
     detail::replica_errors& errors = errors_;  // reused: runs are serialised

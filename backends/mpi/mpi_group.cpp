@@ -446,6 +446,9 @@ void group::report_failure(int global_replica, const std::exception_ptr& failure
     }
     const std::int64_t now = m.phase.load(std::memory_order_relaxed);
     if (m.failure.phase == now) return;  // this run has failed already (here or elsewhere): all are told
+    // Every worker refuses every call of this run already (a disagreement): nothing to drain,
+    // and a recovery would count the disagreement's own exchanges in different phases.
+    if (now <= m.refused_through) return;
     impl::failure_info f{now, global_replica, what_of(failure), impl::failed_in_fn, {}};
     try {
       std::rethrow_exception(failure);

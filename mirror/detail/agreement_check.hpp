@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <typeinfo>
 
 namespace mirror::detail {
 
@@ -140,11 +141,19 @@ struct collective_header {
 MIRROR_DETAIL_INLINE std::uint64_t shape_hash(const std::size_t* sizes, std::size_t n,
                                               std::uint64_t seed = 0) noexcept;
 
-/// A hash of the nest type N, equal in every translation unit and every process of one program
-/// (the mangled name's, which `type_info::hash_code` hashes), computed once per type.
+/// A hash of the nest type N, equal in every translation unit of one program, computed once per
+/// type (among one process's replicas; across processes, type_name_hash).
 template <class N>
 std::uint64_t nest_hash() noexcept {
   static const std::uint64_t h = typeid(N).hash_code();
+  return h;
+}
+
+/// A hash of a type's mangled name (FNV-1a): equal in every process of one program with any
+/// standard library, for what workers compare (libc++'s `hash_code` may hash the name's address).
+inline std::uint64_t type_name_hash(const std::type_info& type) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const char* c = type.name(); *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
   return h;
 }
 

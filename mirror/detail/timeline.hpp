@@ -9,14 +9,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <mirror/source_location.hpp>
 #include <string>
 #include <string_view>
@@ -128,6 +125,9 @@ class timeline {
   void open(const std::string& path);
   /// Writes what is recorded and ends the file (valid JSON from then on); nothing when closed.
   void close() noexcept;
+  /// close() for a process that ends abnormally (open_timelines): the tracks stay, since threads
+  /// that still run may hold them; nothing from a forked child of the process that opened it.
+  void end_abruptly() noexcept;
   /// Whether a file is open.
   bool on() const noexcept { return file_ != nullptr; }
   /// This worker's file for `path`.
@@ -158,6 +158,7 @@ class timeline {
   std::FILE* file_ = nullptr;
   std::string path_;
   bool first_ = true;
+  long opener_ = 0;  // the process that opened file_ (getpid)
 };
 
 /// The timelines with an open file. A trace is most wanted when the program ends abnormally, and
@@ -170,33 +171,78 @@ class open_timelines {
  public:
   static void add(timeline* t) noexcept;
   static void remove(timeline* t) noexcept;
-  /// Closes every open timeline; skipped where another thread holds the list (a signal that
-  /// arrived while it did).
-  static void close_all() noexcept;
-
- private:
-  struct state {
-    std::mutex mutex;
-    std::vector<timeline*> open;
-    std::terminate_handler previous_terminate = nullptr;
-    struct sigaction previous[6] = {};
-  };
-  static constexpr int fatal[6] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTERM};
-  static state& get() noexcept {
-    static state* s = new state();  // never destroyed: an exit handler may still use it
-    return *s;
-  }
-  static void install() noexcept;
-  static void on_terminate();
-  static void on_signal(int sig) noexcept;
+  /// Ends every open timeline's file (timeline::end_abruptly). From a signal handler
+  /// (`in_signal`), skipped where the list is held (the signal may have come while it was).
+  static void close_all(bool in_signal = false) noexcept;
 };
 
 #if MIRROR_DETAIL_HEADER_DEFINITIONS
+}  // namespace mirror::detail
+#include <csignal>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <signal.h>  // sigaction
+#include <unistd.h>  // alarm, getpid
+namespace mirror::detail {
+
+// open_timelines' state and handlers (only where the definitions are compiled).
+namespace timeline_exit {
+inline constexpr int fatal[6] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTERM};
+struct state {
+  std::mutex mutex;
+  std::vector<timeline*> open;
+  std::terminate_handler previous_terminate = nullptr;
+  struct sigaction previous[6] = {};
+};
+MIRROR_DETAIL_INLINE state& get() noexcept {
+  static state* s = new state();  // never destroyed: an exit handler may still use it
+  return *s;
+}
+// Whether this thread holds the list: a signal handler that interrupted it must not lock again.
+inline thread_local bool holding = false;
+struct hold {
+  std::lock_guard<std::mutex> lock{get().mutex};
+  hold() noexcept { holding = true; }
+  ~hold() { holding = false; }
+};
+MIRROR_DETAIL_INLINE void on_terminate() {
+  open_timelines::close_all();
+  const std::terminate_handler previous = get().previous_terminate;
+  if (previous != nullptr) previous();
+  std::abort();
+}
+MIRROR_DETAIL_INLINE void on_signal(int sig) noexcept {
+  // Writing formats and allocates: a crash inside the allocator could hang here. SIGALRM's
+  // default action ends the process if the files take more than 2 s.
+  ::alarm(2);
+  open_timelines::close_all(true);
+  state& s = get();
+  for (int i = 0; i < 6; ++i) {
+    if (fatal[i] == sig) sigaction(sig, &s.previous[i], nullptr);
+  }
+  std::raise(sig);  // the previous action (by default: end the process, with a core where due)
+}
+MIRROR_DETAIL_INLINE void install() noexcept {
+  state& s = get();
+  std::atexit([] { open_timelines::close_all(); });
+  s.previous_terminate = std::set_terminate(on_terminate);
+  struct sigaction action = {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  for (int i = 0; i < 6; ++i) {
+    sigaction(fatal[i], &action, &s.previous[i]);
+    // SIGTERM may be the program's own (a checkpoint on preemption) or ignored: leave it so.
+    if (fatal[i] == SIGTERM && s.previous[i].sa_handler != SIG_DFL) sigaction(SIGTERM, &s.previous[i], nullptr);
+  }
+}
+}  // namespace timeline_exit
+
 MIRROR_DETAIL_INLINE void open_timelines::add(timeline* t) noexcept {
   static std::once_flag installed;
-  std::call_once(installed, install);
-  state& s = get();
-  std::lock_guard lock(s.mutex);
+  std::call_once(installed, timeline_exit::install);
+  timeline_exit::state& s = timeline_exit::get();
+  const timeline_exit::hold held;
   try {
     s.open.push_back(t);
   } catch (...) {
@@ -205,45 +251,23 @@ MIRROR_DETAIL_INLINE void open_timelines::add(timeline* t) noexcept {
 }
 
 MIRROR_DETAIL_INLINE void open_timelines::remove(timeline* t) noexcept {
-  state& s = get();
-  std::lock_guard lock(s.mutex);
+  timeline_exit::state& s = timeline_exit::get();
+  const timeline_exit::hold held;
   s.open.erase(std::remove(s.open.begin(), s.open.end(), t), s.open.end());
 }
 
-MIRROR_DETAIL_INLINE void open_timelines::close_all() noexcept {
-  state& s = get();
-  std::unique_lock lock(s.mutex, std::try_to_lock);
-  if (!lock.owns_lock()) return;
+MIRROR_DETAIL_INLINE void open_timelines::close_all(bool in_signal) noexcept {
+  timeline_exit::state& s = timeline_exit::get();
+  std::unique_lock lock(s.mutex, std::defer_lock);
+  if (in_signal) {
+    if (timeline_exit::holding || !lock.try_lock()) return;
+  } else {
+    lock.lock();
+  }
   std::vector<timeline*> open;
   open.swap(s.open);
-  lock.unlock();  // close() removes each from the (now empty) list
-  for (timeline* t : open) t->close();
-}
-
-MIRROR_DETAIL_INLINE void open_timelines::install() noexcept {
-  state& s = get();
-  std::atexit([] { close_all(); });
-  s.previous_terminate = std::set_terminate(on_terminate);
-  struct sigaction action = {};
-  action.sa_handler = on_signal;
-  sigemptyset(&action.sa_mask);
-  for (int i = 0; i < 6; ++i) sigaction(fatal[i], &action, &s.previous[i]);
-}
-
-MIRROR_DETAIL_INLINE void open_timelines::on_terminate() {
-  close_all();
-  const std::terminate_handler previous = get().previous_terminate;
-  if (previous != nullptr) previous();
-  std::abort();
-}
-
-MIRROR_DETAIL_INLINE void open_timelines::on_signal(int sig) noexcept {
-  close_all();
-  state& s = get();
-  for (int i = 0; i < 6; ++i) {
-    if (fatal[i] == sig) sigaction(sig, &s.previous[i], nullptr);
-  }
-  std::raise(sig);  // the previous action (by default: end the process, with a core where due)
+  lock.unlock();
+  for (timeline* t : open) t->end_abruptly();
 }
 
 MIRROR_DETAIL_INLINE std::string timeline::file_of(const std::string& path) const {
@@ -274,6 +298,7 @@ MIRROR_DETAIL_INLINE void timeline::open(const std::string& path) {
   file_ = f;
   path_ = file;
   first_ = true;
+  opener_ = ::getpid();
   open_timelines::add(this);
   std::fprintf(file_, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
   std::fprintf(file_, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"worker %d\"}}",
@@ -285,6 +310,17 @@ MIRROR_DETAIL_INLINE void timeline::open(const std::string& path) {
                  t->pid_, t->tid_, t->label_.c_str(), t->pid_, t->tid_, t->tid_);
   }
   first_ = false;
+}
+
+MIRROR_DETAIL_INLINE void timeline::end_abruptly() noexcept {
+  std::FILE* const f = file_;
+  if (f == nullptr) return;
+  if (::getpid() == opener_) {  // (a forked child leaves its parent's file alone)
+    for (const auto& t : tracks_) write_track(*t);
+    std::fprintf(f, "\n]}\n");
+    std::fclose(f);
+  }
+  file_ = nullptr;  // later runs record nothing; the tracks stay for threads that hold them
 }
 
 MIRROR_DETAIL_INLINE void timeline::close() noexcept {
