@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -335,6 +336,10 @@ class GradientBuckets {
     std::size_t bucket;
     bool ready = false;
     std::string (*type_name)() = nullptr;  // the leaf's type, for errors
+    // The leaf object in grads, and how to read where its elements lie now (reread_leaves):
+    // one call per leaf, not a walk of the nest per bucket.
+    void* object = nullptr;
+    void (*read)(void* object, void*& data, std::size_t& count) = nullptr;
   };
   struct bucket {
     std::size_t first, last;  // leaves [first, last], in nest order
@@ -384,7 +389,12 @@ class GradientBuckets {
           using E = leaf_element_t<L>;
           const auto e = leaf_traits<L>::elements(l);
           leaves_.push_back({static_cast<void*>(e.data()), e.size(), index_of<E>(), 0, false,
-                             +[] { return std::string(detail::type_name<L>().c_str()); }});
+                             +[] { return std::string(detail::type_name<L>().c_str()); },
+                             static_cast<void*>(std::addressof(l)), +[](void* o, void*& data, std::size_t& count) {
+                               const auto now = leaf_traits<L>::elements(*static_cast<L*>(o));
+                               data = static_cast<void*>(now.data());
+                               count = now.size();
+                             }});
         },
         grads);
     [&]<class... Es>(detail::type_list<Es...>) {
@@ -419,6 +429,12 @@ class GradientBuckets {
                         return true;
                       }();
     if (same) {
+      // The plan's leaves, read through this object's nest (another object, perhaps, than the
+      // one the plan was made for).
+      for (std::size_t i = 0; i < leaves_.size(); ++i) {
+        k.plan_leaves[i].object = leaves_[i].object;
+        k.plan_leaves[i].read = leaves_[i].read;
+      }
       leaves_ = k.plan_leaves;
       buckets_ = k.plan_buckets;
       staged_ = k.plan_staged;
@@ -529,26 +545,23 @@ class GradientBuckets {
   // anything is posted.
   void reread_leaves(std::size_t b) {
     const bucket& B = buckets_[b];
-    // Where each of the bucket's leaves lies now (and how large it is), in nest order.
-    void* now[8];
-    std::vector<void*> more;
-    void** at = B.last - B.first < 8 ? now : (more.resize(B.last - B.first + 1), more.data());
     bool moved = false;
-    std::size_t i = 0;
-    detail::for_each_leaf(
-        [&](auto& l) {
-          const std::size_t k = i++;
-          if (k < B.first || k > B.last) return;
-          using L = std::remove_cvref_t<decltype(l)>;
-          const auto e = leaf_traits<L>::elements(l);
-          const leaf& f = leaves_[k];
-          at[k - B.first] = static_cast<void*>(e.data());
-          moved = moved || e.data() != f.data;
-          if (e.size() != f.count) throw_moved(b, k, detail::type_name<L>(),
-                                               detail::format("has %zu elements now, %zu then", e.size(), f.count).c_str());
-        },
-        *grads_);
-    if (!moved) return;
+    for (std::size_t k = B.first; k <= B.last; ++k) {
+      const leaf& f = leaves_[k];
+      void* data = nullptr;
+      std::size_t count = 0;
+      f.read(f.object, data, count);
+      moved = moved || data != f.data;
+      if (count != f.count) {
+        throw_moved(b, k, f.type_name(), detail::format("has %zu elements now, %zu then", count, f.count).c_str());
+      }
+    }
+    if (!moved) return;  // the usual case: nothing allocated, nothing written
+    std::vector<void*> at(B.last - B.first + 1);
+    for (std::size_t k = B.first; k <= B.last; ++k) {
+      std::size_t count = 0;
+      leaves_[k].read(leaves_[k].object, at[k - B.first], count);
+    }
     // An in-place run of several leaves must still be one run: each leaf where the last ends.
     if (!B.packed && B.first != B.last) {
       for (std::size_t k = B.first; k < B.last; ++k) {
