@@ -986,7 +986,10 @@ void group::impl::throw_disagreement(const std::int64_t* all) {
         missing));
   } else {
     std::string text = "mirror: the workers disagree on a cross-worker collective:" + table;
-    if (described_alike) {
+    if (described_alike && highest != lowest) {
+      text += "; the calls are alike, but the workers stand in different runs (one made more Strategy::run calls "
+              "than another)";
+    } else if (described_alike) {
       text += (desc(0)[3] & 0xff) == 1 ? "; the nests' types or the sizes of individual leaves differ between the workers"
                                        : "; the sizes of individual leaves differ between the workers";
     }
