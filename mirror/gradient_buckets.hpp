@@ -389,7 +389,7 @@ class GradientBuckets {
           using E = leaf_element_t<L>;
           const auto e = leaf_traits<L>::elements(l);
           leaves_.push_back({static_cast<void*>(e.data()), e.size(), index_of<E>(), 0, false,
-                             +[] { return std::string(detail::type_name<L>().c_str()); },
+                             +[] { return detail::type_name<L>(); },
                              static_cast<void*>(std::addressof(l)), +[](void* o, void*& data, std::size_t& count) {
                                const auto now = leaf_traits<L>::elements(*static_cast<L*>(o));
                                data = static_cast<void*>(now.data());
@@ -583,7 +583,6 @@ class GradientBuckets {
         "buffers",
         detail::site_text(where_).c_str(), replica_, k, type.c_str(), how, b));
   }
-
 
   // The sharded form's packing: block q holds every leaf's cut q, each zero-padded to the
   // leaf's largest cut, so that the packed span's cut q (of B.block elements) is block q.

@@ -142,18 +142,19 @@ MIRROR_DETAIL_INLINE std::uint64_t shape_hash(const std::size_t* sizes, std::siz
                                               std::uint64_t seed = 0) noexcept;
 
 /// A hash of the nest type N, equal in every translation unit of one program, computed once per
-/// type (among one process's replicas; across processes, type_name_hash).
+/// type (among one process's replicas; across processes, text_hash of the type's name).
 template <class N>
 std::uint64_t nest_hash() noexcept {
   static const std::uint64_t h = typeid(N).hash_code();
   return h;
 }
 
-/// A hash of a type's mangled name (FNV-1a): equal in every process of one program with any
-/// standard library, for what workers compare (libc++'s `hash_code` may hash the name's address).
-inline std::uint64_t type_name_hash(const std::type_info& type) noexcept {
+/// A 64-bit FNV-1a hash of a text (null hashes as empty): equal texts, equal hashes, in every
+/// process. What workers compare across processes: an API's name, a type's mangled name
+/// (libc++'s `type_info::hash_code` may hash the name's address, which differs between them).
+inline std::uint64_t text_hash(const char* text) noexcept {
   std::uint64_t h = 0xcbf29ce484222325ull;
-  for (const char* c = type.name(); *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+  for (const char* c = text; c != nullptr && *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
   return h;
 }
 

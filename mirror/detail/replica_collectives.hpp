@@ -418,7 +418,7 @@ class replica_collectives {
     if (self == 0) {
       c.for_all_replicas([&] {
         rt_.workers()->check_broadcast(header.sizes, header.num_leaves, root, "mirror::ReplicaContext::broadcast",
-                                       type_name_hash(*header.nest));
+                                       text_hash(header.nest->name()));
       });
     }
   }

@@ -731,12 +731,6 @@ bool group::impl::take_carried_blocks(void* leaf, const std::size_t* counts, std
   return true;
 }
 
-std::uint64_t group::impl::text_hash(const char* text) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-  for (const char* c = text; c != nullptr && *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
-  return h;
-}
-
 void group::impl::agree(job& j, bool carried, bool keyed) {
   // What the collective is, in one number: an op in worker order is another collective (an
   // all-to-all and an all-gather): +100; a reduce-scatter +200; a broadcast 1000 + its root.
@@ -757,7 +751,7 @@ void group::impl::agree(job& j, bool carried, bool keyed) {
     key = agreement_key(static_cast<std::uint64_t>(key), j.position.sequence, call);
     // And the run: the phase (odd inside a run, even between runs) tells a worker still in run n
     // from one that returned from it and is in run n + 1 at the same collective number.
-    key = agreement_key(static_cast<std::uint64_t>(key), text_hash(j.what), static_cast<std::uint64_t>(j.phase));
+    key = agreement_key(static_cast<std::uint64_t>(key), detail::text_hash(j.what), static_cast<std::uint64_t>(j.phase));
     if (j.sizes != nullptr) {
       // Each leaf's size (or each worker's count of each leaf) must agree too, not only the sum.
       const std::size_t n = j.kind == job::gather ? j.num_sizes * static_cast<std::size_t>(W) : j.num_sizes;

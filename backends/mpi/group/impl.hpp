@@ -763,9 +763,6 @@ struct group::impl {
   /// worker_group::all_gather_counts: one MPI_Iallgather of `count` words per worker.
   void gather_counts(job& j);
 
-  /// A 64-bit mix of a text (the API a job names): equal texts, equal hashes.
-  static std::uint64_t text_hash(const char* text) noexcept;
-
   // One worker's description of its collective, gathered only on a mismatch: count, element,
   // what_kind, flag | leaves << 8, its position in fn (sequence; detail::pack_call), its phase,
   // then the API's name (what_words int64, NUL-padded, cut short if longer), then the user's
