@@ -70,6 +70,32 @@ class timeout_error : public error {
   std::vector<int> missing_;
 };
 
+/// Workers of a multi-worker strategy died (their processes ended) while the strategy existed:
+/// raised on every surviving worker, by the collective that found the loss or by the next
+/// cross-worker call, in place of a timeout. The strategy that raised it cannot continue; build
+/// a new one on the survivors (`mirror::elastic`, docs/multi-worker.md\#losing-a-worker).
+/// Raised only by an MPI with its fault-tolerance extension, launched with it on; elsewhere a
+/// dead process ends the job.
+class worker_lost_error : public error {
+ public:
+  ///@{
+  /// `what` is the message; `workers` the lost workers' indices in the strategy's worker group,
+  /// `replicas` their global replica ids, both in increasing order.
+  worker_lost_error(std::string what, std::vector<int> workers, std::vector<int> replicas)
+      : error(std::move(what)), workers_(std::move(workers)), replicas_(std::move(replicas)) {}
+  worker_lost_error(const detail::message& what, std::vector<int> workers, std::vector<int> replicas)
+      : error(what), workers_(std::move(workers)), replicas_(std::move(replicas)) {}
+  ///@}
+  /// The lost workers (their indices in the strategy that raised the error), in increasing order.
+  const std::vector<int>& workers() const noexcept { return workers_; }
+  /// The lost workers' global replica ids in that strategy, in increasing order.
+  const std::vector<int>& replicas() const noexcept { return replicas_; }
+
+ private:
+  std::vector<int> workers_;
+  std::vector<int> replicas_;
+};
+
 /// A failure reported by a vendor API (CUDA, NCCL, MPI), with its numeric code and text.
 class backend_error : public error {
  public:

@@ -9,6 +9,7 @@
 // group/impl.hpp lists the others.
 
 #include <mirror/backends/mpi/group/impl.hpp>
+#include <mirror/backends/mpi/survivors.hpp>
 
 #include <exception>
 
@@ -110,6 +111,7 @@ void wait_for_everyone(MPI_Request& request, clock::time_point deadline, std::ch
 
 group::group(const group_options& o) : impl_(new impl()) {
   impl& m = *impl_;
+  try {
   if (o.timeout.count() <= 0) {
     throw std::invalid_argument(detail::format("mirror::devices::Cluster{.timeout = %lld ms}: the cross-worker timeout "
                                                "must be positive",
@@ -131,10 +133,12 @@ group::group(const group_options& o) : impl_(new impl()) {
     m.direct_agreement = static_cast<int>(n);
   }
   initialize_mpi();
+  m.fault_tolerant = fault_tolerant();
   make_ops();
   make_agreement_ops();
   static_assert(sizeof(MPI_Comm) <= sizeof(std::uint64_t));
   const MPI_Comm comm = o.comm.is_world() ? MPI_COMM_WORLD : o.comm.get<MPI_Comm>();
+  const errors_returned on_comm{comm, m.fault_tolerant};  // a death here is a loss, not the job's end
   // Every collective of the construction is non-blocking and waited with the timeout: a worker
   // that never builds its strategy must not hang the others, not even in the duplications.
   const auto deadline = clock::now() + m.timeout;
@@ -226,6 +230,12 @@ group::group(const group_options& o) : impl_(new impl()) {
   check(MPI_Comm_set_attr(MPI_COMM_SELF, m.keyval, &m), "MPI_Comm_set_attr");
   if (both[2] != 0) m.ring_algorithm.usable = false;  // some worker cannot: none does
   m.thread = std::thread([&m] { m.main_loop(); });
+  } catch (const backend_error& e) {
+    // A worker that dies while the others build their strategy fails its duplications and checks:
+    // a loss, as later (elastic::train builds the next strategy on the survivors).
+    if (m.fault_tolerant) support::throw_if_lost(o.comm, e);
+    throw;
+  }
 }
 
 group::~group() {

@@ -78,8 +78,12 @@ void group::impl::execute(job& j) {
     dispatch(j, check_first);
   } catch (const backend_error&) {
     j.error = std::current_exception();
+    if (auto lost = lose_if_failed()) {  // a dead worker, not a broken MPI
+      j.error = std::move(lost);
+      return;
+    }
     std::lock_guard lock(mutex);
-    if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, what_of(j.error), {}};
+    if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, what_of(j.error), {}, {}};
   } catch (...) {
     j.error = std::current_exception();
   }

@@ -15,6 +15,7 @@ std::exception_ptr group::impl::broken_error() const {
     case broken_state::timeout: return std::make_exception_ptr(timeout_error(broken.text + tail, broken.missing));
     case broken_state::mpi_error:
       return std::make_exception_ptr(backend_error("mirror::devices::Cluster: an earlier MPI error: " + broken.text + tail, -1));
+    case broken_state::workers_lost: return std::make_exception_ptr(worker_lost_error(broken.text, broken.lost, broken.missing));
     case broken_state::none: break;
   }
   return nullptr;
@@ -132,8 +133,10 @@ void group::impl::main_loop() {
     }
     after_job = j != nullptr;
     try {
-      serve_control();
-      progress_sends();
+      if (!is_lost()) {
+        serve_control();
+        progress_sends();
+      }
       // A run failed here or on another worker: recover now, while this thread is free (the
       // others wait for this worker's answer), not when the next job comes.
       note_local_failure();
@@ -159,8 +162,9 @@ void group::impl::main_loop() {
 }
 
 void group::impl::mark_broken_mpi(const std::exception_ptr& e) {
+  if (lose_if_failed()) return;
   std::lock_guard lock(mutex);
-  if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, what_of(e), {}};
+  if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, what_of(e), {}, {}};
 }
 
 void group::impl::wait(std::span<MPI_Request> requests, const char* what) {
@@ -235,6 +239,7 @@ void group::impl::adopt_remote(job&) {
 }
 
 void group::impl::time_out(clock::time_point start, const char*) {
+  if (const auto lost = lose_if_failed()) std::rethrow_exception(lost);  // not late: gone
   // The wait itself, measured before the peers are asked (asking takes up to 5 s more).
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
   const std::int64_t seq = sequence;
@@ -314,13 +319,18 @@ void group::impl::time_out(clock::time_point start, const char*) {
   text += "; raise devices::Cluster{.timeout} if they are just slow";
   announce(notice_timeout, w * R, seq, text);
   std::lock_guard lock(mutex);
-  broken = {broken_state::timeout, -1, text, missing};
+  broken = {broken_state::timeout, -1, text, missing, {}};
   throw timeout_error(text, missing);
 }
 
 bool group::impl::is_broken() {
   std::lock_guard lock(mutex);
   return broken.why != broken_state::none;
+}
+
+bool group::impl::is_lost() {
+  std::lock_guard lock(mutex);
+  return broken.why == broken_state::workers_lost;
 }
 
 void group::impl::announce(std::int64_t kind, int replica, std::int64_t seq, const std::string& text) {

@@ -11,12 +11,18 @@
 //   group/collectives.cpp    the MPI collectives a job posts, and the agreement check before them
 //   group/agreement_slot.cpp the agreement check's message, which carries a small all-reduce's data
 //   group/recovery.cpp       completing a failed run's collectives on every worker
+//   group/lost_workers.cpp   a dead worker (MPI's fault-tolerance extension, ULFM), and the
+//                            survivors' new communicator (mpi::survivors)
 //   gpu_placement.cpp        Cluster<Cuda>'s GPU placement, before the group exists
 // and the helpers they share (MPI datatypes and ops, error texts), below.
 
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
+#include <mirror/config.hpp>
+#if MIRROR_HAS_ULFM
+#include <mpi-ext.h>  // MPIX_Comm_revoke, MPIX_Comm_shrink, ... (group/lost_workers.cpp)
+#endif
 
 #include <mirror/backends/mpi/mpi_group.hpp>
 #include <mirror/backends/mpi/group/agreement_slot.hpp>
@@ -234,6 +240,33 @@ inline std::string what_of(const std::exception_ptr& e) {
 /// Initialises MPI (MPI_THREAD_MULTIPLE, finalised at exit) unless the program did; throws
 /// std::invalid_argument when it is finalized or below MPI_THREAD_SERIALIZED. (mpi_group.cpp)
 void initialize_mpi();
+/// For its lifetime, MPI errors on `comm` return instead of calling its error handler (MPI_COMM_WORLD's
+/// ends the job): where a worker may die during a call on the user's communicator (the
+/// construction, mpi::survivors, mpi::agree) under the fault-tolerance extension. The handler
+/// is put back after. Does nothing when `active` is false.
+class errors_returned {
+ public:
+  errors_returned(MPI_Comm comm, bool active) : comm_(comm) {
+    if (!active) return;
+    if (MPI_Comm_get_errhandler(comm_, &previous_) != MPI_SUCCESS) return;
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+  ~errors_returned() {
+    if (previous_ == MPI_ERRHANDLER_NULL) return;
+    MPI_Comm_set_errhandler(comm_, previous_);
+    MPI_Errhandler_free(&previous_);
+  }
+  errors_returned(const errors_returned&) = delete;
+  errors_returned& operator=(const errors_returned&) = delete;
+
+ private:
+  MPI_Comm comm_;
+  MPI_Errhandler previous_ = MPI_ERRHANDLER_NULL;
+};
+/// With the fault-tolerance extension: throws worker_lost_error naming the processes of `comm` that
+/// MPI knows to have died, when `e` (an MPI failure) is one of the extension's failure classes;
+/// returns otherwise. (group/lost_workers.cpp)
+void throw_if_lost(const communicator& comm, const backend_error& e);
 
 /// Polls `request` (a collective of the strategy's construction on `comm`) until it completes;
 /// at `deadline` throws mirror::timeout_error saying that not every worker built its strategy
@@ -321,10 +354,11 @@ struct group::impl {
   }
   // Why the group cannot be used any more (guarded by mutex).
   struct broken_state {
-    enum { none, timeout, mpi_error } why = none;
+    enum { none, timeout, mpi_error, workers_lost } why = none;
     int replica = -1;
     std::string text;
-    std::vector<int> missing;
+    std::vector<int> missing;  // workers_lost: the lost workers' global replicas
+    std::vector<int> lost;     // workers_lost: the lost workers
   };
 
   MPI_Comm data = MPI_COMM_NULL, control = MPI_COMM_NULL;
@@ -1023,6 +1057,7 @@ struct group::impl {
   int post_iallreduce(void* buffer, std::size_t n, detail::element_kind kind, ReduceOp op, MPI_Request& request);
 
   bool is_broken();
+  bool is_lost();  // broken because workers died (lose_if_failed)
 
   void note_local_failure();
 
@@ -1081,6 +1116,21 @@ struct group::impl {
                             std::vector<dummy>* dummies);
 
   void announce(std::int64_t kind, int replica, std::int64_t seq, const std::string& text);
+
+  // ---------------- lost workers (group/lost_workers.cpp) ----------------
+  // With MPI's fault-tolerance extension on (ULFM: built with it, launched with it), a dead
+  // worker makes the MPI calls that involve it fail (MPIX_ERR_PROC_FAILED) instead of ending the
+  // job. Whoever holds `driver` and catches an MPI error asks lose_if_failed() first: when the
+  // communicators know of a failed process, or another survivor revoked them, the group becomes
+  // lost (broken, workers_lost) and every later call throws the same worker_lost_error. It
+  // revokes both communicators, so every survivor's pending and later MPI calls on them end at
+  // once, wherever it waits (a collective, the agreement check, the control communicator).
+  bool fault_tolerant = false;  // ULFM built in and on at run time
+  /// The group's worker_lost_error once it is lost (above); null where nothing failed or the
+  /// extension is off. Call while holding `driver`, not `mutex`.
+  std::exception_ptr lose_if_failed(bool certain = false);
+  /// The workers of `data` that MPI knows to have failed, in increasing order.
+  std::vector<int> failed_workers() const;
 
   void send(int dest, int tag, const void* bytes, std::size_t n, MPI_Request*);
 

@@ -315,10 +315,11 @@ void group::impl::leave() {
 }
 
 void group::impl::fail_recovery(const std::string& why) {
+  if (const auto lost = lose_if_failed()) std::rethrow_exception(lost);
   const std::string text = "mirror::devices::Cluster: cannot recover from a failed run: " + why;
   {
     std::lock_guard lock(mutex);
-    if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, text, {}};
+    if (broken.why == broken_state::none) broken = {broken_state::mpi_error, -1, text, {}, {}};
   }
   throw backend_error(text, -1);
 }
@@ -344,13 +345,14 @@ void group::impl::give_up(std::int64_t failed, clock::time_point start, const ch
       keep_until_exit(d.rows);
     }
   }
+  if (const auto lost = lose_if_failed()) std::rethrow_exception(lost);  // not late: gone
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - start).count();
   const std::string text = detail::format("mirror: worker %d waited %lld ms for workers {%s} to %s after a run failed; "
                                           "raise devices::Cluster{.timeout} if they are just slow",
                                           w, static_cast<long long>(waited), names.c_str(), step)
                                .c_str();
   std::lock_guard lock(mutex);
-  broken = {broken_state::timeout, -1, text, missing};
+  broken = {broken_state::timeout, -1, text, missing, {}};
   throw timeout_error(text, missing);
 }
 
