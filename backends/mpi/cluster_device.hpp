@@ -106,8 +106,6 @@ struct Cluster {
 
     /// The cross-worker collectives (never null).
     detail::worker_group* workers() const noexcept { return group_.get(); }
-    /// The same group with its MPI-only calls (`mpi::group::vote`, `loss`: mirror::elastic).
-    mpi::group& group() const noexcept { return *group_; }
 
    private:
     // Local replicas wait in local barriers while their worker's replica 0 is in a cross-worker

@@ -5,16 +5,18 @@
 /// its last commit (docs/multi-worker.md\#losing-a-worker). `state` holds what the loop commits
 /// (a host copy, equal on every worker, and the step it belongs to); `train` runs the loop on a
 /// strategy over every worker and, after a `worker_lost_error`, on a new strategy over the
-/// survivors, from the last commit.
+/// survivors, from the last commit they all hold.
 
 #include <cstdint>
-#include <exception>
 #include <optional>
 #include <utility>
 #include <vector>
 #include <mirror/backends/mpi/cluster_device.hpp>
 #include <mirror/backends/mpi/survivors.hpp>
+#include <mirror/detail/element_kind.hpp>
+#include <mirror/detail/format.hpp>
 #include <mirror/error.hpp>
+#include <mirror/reduce_op.hpp>
 
 namespace mirror::elastic {
 
@@ -28,65 +30,76 @@ struct epoch {
 };
 
 /// What an elastic loop commits: a value of `T` (any copyable type: the model's host values, the
-/// optimiser's, counters), equal on every worker, and the step it belongs to. A commit is
-/// collective and atomic: every surviving worker keeps the new value, or every one keeps the
-/// previous one (`commit`). The input's position is the step: with a global batch per step,
+/// optimiser's, counters), equal on every worker, and the step it belongs to.
+///
+/// A commit is local (a copy of `T`, no message): every worker commits at the same steps, and
+/// after a loss `train` has the survivors agree on the latest commit that every one of them
+/// holds. They differ by at most one: a worker cannot complete the step of its next commit
+/// before every other worker has completed the steps before it, and so made the commit before
+/// it. So each keeps its last two commits, and resumes from the older where another survivor
+/// had not reached the newer. The input's position is the step: with a global batch per step,
 /// split over the replicas in sync, the survivors re-split the same global batches, so no
 /// sample is skipped or seen twice.
 template <class T>
 class state {
  public:
   /// Starts at step `step` (0: the beginning) with `initial` committed.
-  explicit state(T initial, std::int64_t step = 0) : committed_(std::move(initial)), step_(step) {}
+  explicit state(T initial, std::int64_t step = 0) : slots_{std::move(initial), std::nullopt}, steps_{step, -1} {}
 
   /// The last committed value.
-  const T& value() const noexcept { return committed_; }
+  const T& value() const noexcept { return *slots_[latest_]; }
   /// The step the last commit belongs to: the loop resumes with it.
-  std::int64_t step() const noexcept { return step_; }
+  std::int64_t step() const noexcept { return steps_[latest_]; }
   /// The strategies the loop ran on, in order (`train` adds one per strategy it builds).
   const std::vector<epoch>& epochs() const noexcept { return epochs_; }
 
-  /// Commits `now` as the state after step `step`, collectively: every worker votes whether it
-  /// completed the step (here: yes), and the value is kept only where every live worker did
-  /// (`mpi::group::vote`, uniform on every survivor). Where a worker died before or during
-  /// the vote, or another worker's step failed, nothing is kept and the strategy's
-  /// `worker_lost_error` is thrown, on every survivor: `train` then resumes from the previous
-  /// commit. Call it between `run`s, on every worker alike.
-  template <class Strategy>
-  void commit(Strategy& strategy, const T& now, std::int64_t step) {
-    auto& group = strategy.runtime().group();
-    voted_ = true;
-    if (!group.vote(true)) std::rethrow_exception(loss_of(group));
-    voted_ = false;  // a new epoch of votes: a failure from here on has not voted yet
-    committed_ = now;
-    step_ = step;
+  /// Commits `now` as the state after step `step` (a copy, into storage reused from the commit
+  /// before the last). **Requires**: every worker commits at the same steps, after the step's
+  /// collectives completed; `step` greater than the last commit's.
+  void commit(const T& now, std::int64_t step) {
+    const int other = 1 - latest_;
+    if (slots_[other]) {
+      *slots_[other] = now;  // a vector's storage is reused: no allocation once the loop runs
+    } else {
+      slots_[other] = now;
+    }
+    steps_[other] = step;
+    latest_ = other;
   }
 
  private:
   template <class Strategy, class U, class Fn, class OnLoss>
   friend void train(typename Strategy::device_type cluster, state<U>& st, Fn&& fn, OnLoss&& on_loss);
 
-  static std::exception_ptr loss_of(mpi::group& group) {
-    if (auto e = group.loss(true)) return e;
-    return std::make_exception_ptr(worker_lost_error(
-        "mirror::elastic::state::commit: another worker's step failed, and MPI names no dead worker here", {}, {}));
+  // Back to the commit of step `agreed`, the latest every survivor holds: this worker's last, or
+  // the one before.
+  void resume_from(std::int64_t agreed) {
+    if (steps_[latest_] == agreed) return;
+    if (steps_[1 - latest_] == agreed && slots_[1 - latest_]) {
+      latest_ = 1 - latest_;
+      return;
+    }
+    throw error(detail::format("mirror::elastic::train: the survivors' latest common commit is step %lld, but this "
+                               "worker holds steps %lld and %lld; every worker must commit at the same steps",
+                               static_cast<long long>(agreed), static_cast<long long>(steps_[latest_]),
+                               static_cast<long long>(steps_[1 - latest_])));
   }
 
-  T committed_;
-  std::int64_t step_ = 0;
+  std::optional<T> slots_[2];
+  std::int64_t steps_[2];
+  int latest_ = 0;
   std::vector<epoch> epochs_;
-  bool voted_ = false;  // this worker already voted since the last kept commit (its vote was lost)
 };
 
 /// Runs `fn(strategy, st)` on a strategy of `Strategy` (a `devices::Cluster` strategy) built from
 /// `cluster`, and returns when `fn` does. `fn` builds what it needs from `st.value()` and
 /// `st.step()`, runs its steps and `st.commit`s after each (or every few). When a worker dies
-/// (`worker_lost_error` out of `fn`, from a collective or from a commit), every survivor votes
-/// against the step in flight if it has not voted yet, destroys its strategy, builds the next one
+/// (`worker_lost_error` out of `fn`), every survivor destroys its strategy, builds the next one
 /// on the survivors (`mpi::survivors`: fewer workers, global replica ids renumbered,
-/// `num_replicas_in_sync()` smaller) and calls `fn` again: it resumes from the last commit.
-/// Every other exception leaves `train` as it came. Needs `mpi::fault_tolerant()` to survive a
-/// loss; elsewhere a dead process ends the job, as without `train`.
+/// `num_replicas_in_sync()` smaller), agrees with the others on the latest commit they all hold
+/// (one all-reduce) and calls `fn` again from it. Every other exception leaves `train` as it
+/// came. Needs `mpi::fault_tolerant()` to survive a loss; elsewhere a dead process ends the job,
+/// as without `train`.
 ///
 /// `on_loss(const worker_lost_error&)`, when given, is called on every survivor after each loss,
 /// before the next strategy is built (to log it, or to adjust what `fn` will read).
@@ -106,21 +119,24 @@ void train(typename Strategy::device_type cluster, state<T>& st, Fn&& fn, OnLoss
       bool built = true;
       try {
         s.emplace(cluster);
-      } catch (const worker_lost_error&) {
+      } catch (const worker_lost_error& e) {
         built = false;  // a worker died during the construction
+        on_loss(e);
       }
       // Every survivor goes on with its strategy, or every one builds the next: a construction
       // can succeed on some and fail on others when a worker dies during it.
       if (fault_tolerant && !mpi::agree(cluster.comm, built, cluster.timeout)) built = false;
       if (built) {
-        st.epochs_.push_back({st.step_, s->num_workers(), s->num_replicas_in_sync()});
-        st.voted_ = false;
         try {
+          // The latest commit every worker holds (all hold the same one but after a loss).
+          std::int64_t agreed = st.step();
+          s->runtime().workers()->all_reduce(&agreed, 1, detail::element_kind_of<std::int64_t>(), ReduceOp::min,
+                                             "mirror::elastic::train", false);
+          st.resume_from(agreed);
+          st.epochs_.push_back({st.step(), s->num_workers(), s->num_replicas_in_sync()});
           fn(*s, st);
           return;
         } catch (const worker_lost_error& e) {
-          // The survivors' votes pair up: every one votes once for the step in flight.
-          if (!st.voted_) s->runtime().group().vote(false);
           on_loss(e);
         }
       }

@@ -94,18 +94,6 @@ class group final : public detail::worker_group {
   void report_device_abort(const std::string& why) noexcept override;
   ///@}
 
-  /// A vote of every live worker (`mirror::elastic::state::commit`): true when every worker that
-  /// is alive voted true. Uniform: every survivor gets the same answer, even where a worker dies
-  /// during the vote (MPI's fault-tolerant agreement, `MPIX_Comm_iagree`, where the extension is
-  /// on; an all-reduce elsewhere). Also on a group that lost workers. Call it between `run`s,
-  /// with every started collective waited for. **Errors**: `timeout_error` when a live worker
-  /// does not vote within the timeout; `backend_error` for an MPI failure.
-  bool vote(bool mine);
-  /// The group's `worker_lost_error` when workers died (`fault_tolerant()` jobs only), else
-  /// null. `certain`: another survivor knows of a loss (it voted false), so wait for this
-  /// worker's MPI to name the dead, as long as the timeout allows.
-  std::exception_ptr loss(bool certain = false);
-
  private:
   struct impl;
   detail::owned<impl> impl_;

@@ -47,7 +47,7 @@ int main() {
       });
       m.weight += 0.5 * totals[0][0] / totals[0][1];
       m.rows_seen += static_cast<std::int64_t>(totals[0][1]);
-      st.commit(s, m, step + 1);  // collective: kept on every survivor, or on none
+      st.commit(m, step + 1);  // a copy: after a loss every survivor resumes from a commit all hold
     }
   });
   // [/elastic]

@@ -10,8 +10,8 @@
 //                [--step-ms MS (each step's compute, default 5)]
 // POINT: fn (in fn, before the step's all-reduce), collective (DELAY_US after entering fn: in or
 // around the all-reduce), between (after the run, before the commit), commit (DELAY_US after the
-// commit began: in the vote), recovery (DELAY_US after this worker learned of a loss: while the
-// survivors vote, shrink and build the next strategy). STEP: the first step at which it fires
+// commit began: in its copy, or early in the next step), recovery (DELAY_US after this worker learned of a loss: while the
+// survivors shrink, build the next strategy and agree on their latest common commit). STEP: the first step at which it fires
 // (recovery: ignored). Built only against an MPI with the fault-tolerance extension.
 
 #include <mirror/mirror.hpp>
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
             elastic_model::apply_step(m, grads[0]);
             if (fires("between", step) != nullptr) die();
             if (const kill_plan* k = fires("commit", step)) die_after(k->delay_us);
-            state.commit(s, m, step + 1);
+            state.commit(m, step + 1);
           }
         },
         [&](const mirror::worker_lost_error&) {

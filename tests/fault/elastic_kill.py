@@ -3,8 +3,8 @@
 """The elastic kill harness (docs/multi-worker.md#losing-a-worker): randomized, seeded and
 replayable trials of a mirror::elastic loop (tests/fault/elastic_kill.cpp) in which one or two
 workers die by SIGKILL at random points: in fn before the step's collective, during the
-collective, between the run and the commit, during the commit's vote, during the survivors'
-recovery from an earlier loss, or killed from outside (kill -9 by this script) at a random
+collective, between the run and the commit, during the commit, during the survivors' recovery
+from an earlier loss, or killed from outside (kill -9 by this script) at a random
 moment. Every trial checks, on every survivor, the parameters against a serial replay (bit for
 bit), the rows trained (none lost or repeated) and the step reached; and that the job ends: no
 hang, no abort.

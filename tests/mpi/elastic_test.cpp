@@ -185,7 +185,7 @@ TEST_CASE("mirror::elastic::train without a loss: one strategy, every step commi
         return mine;
       });
       elastic_model::apply_step(m, grads[0]);
-      state.commit(s, m, step + 1);
+      state.commit(m, step + 1);
       REQUIRE(state.step() == step + 1);
     }
   });
@@ -197,8 +197,8 @@ TEST_CASE("mirror::elastic::train without a loss: one strategy, every step commi
   CHECK(st.epochs()[0].workers == W);
 }
 
-TEST_CASE("mirror::elastic::train: two workers die (inside fn, then inside a commit); the survivors finish exact, every "
-          "row trained once",
+TEST_CASE("mirror::elastic::train: two workers die (inside fn, then before a commit); the survivors finish exact, "
+          "every row trained once",
           "[elastic-train]") {
   REQUIRE(mirror::mpi::fault_tolerant());
   const int R = replicas(), W = world_size();
@@ -224,15 +224,15 @@ TEST_CASE("mirror::elastic::train: two workers die (inside fn, then inside a com
       });
       REQUIRE(grads[0][params] == batch);  // every row of the global batch, once
       elastic_model::apply_step(m, grads[0]);
-      // Second loss: world rank 1, after its step, before it votes in the commit: the others
-      // still commit that step (it completed everywhere), and the next finds the loss. Half a
+      // Second loss: world rank 1, after its step, before its commit: the others still commit
+      // that step (it completed everywhere), and the next finds the loss. Half a
       // second after the first: Open MPI 5.0's MPI_Finalize can wait for ever on survivors of two
       // deaths a few milliseconds apart (docs/multi-worker.md#losing-a-worker).
       if (step == second_loss && me == 1) {
         std::this_thread::sleep_for(std::chrono::milliseconds(500));
         die();
       }
-      state.commit(s, m, step + 1);
+      state.commit(m, step + 1);
     }
   });
   const model expected = elastic_model::replay(steps, batch);
@@ -249,4 +249,49 @@ TEST_CASE("mirror::elastic::train: two workers die (inside fn, then inside a com
   CHECK(st.epochs()[1].replicas == (W - 1) * R);
   CHECK(st.epochs()[2].first_step == second_loss + 1);
   CHECK(st.epochs()[2].workers == W - 2);
+}
+
+TEST_CASE("mirror::elastic::train: a survivor one commit ahead of the others resumes from the commit they all hold",
+          "[rollback]") {
+  // No worker dies: every worker throws worker_lost_error at the same point, after worker 0 alone
+  // committed a step the others did not reach (as when a death ends a step's all-reduce on some
+  // survivors only). Its extra commit holds wrong parameters: resuming from it would show.
+  REQUIRE(mirror::mpi::fault_tolerant());
+  const int R = replicas(), W = world_size();
+  const int batch = 12 * R;
+  constexpr std::int64_t steps = 8, split = 5;
+  mirror::elastic::state<model> st{model{}};
+  int losses = 0;
+  mirror::elastic::train<Strategy>(
+      Cluster{.local = {.replicas = R}, .timeout = cluster_timeout}, st,
+      [&](Strategy& s, mirror::elastic::state<model>& state) {
+        model m = state.value();
+        for (std::int64_t step = state.step(); step < steps; ++step) {
+          const int per = batch / s.num_replicas_in_sync();
+          const auto grads = s.run([&](auto& ctx) {
+            const int g = ctx.replica_id_in_sync_group();
+            auto mine = elastic_model::rows_gradient(m, step, g * per, (g + 1) * per);
+            ctx.all_reduce(ReduceOp::sum, std::span<std::int64_t>(mine));
+            return mine;
+          });
+          elastic_model::apply_step(m, grads[0]);
+          state.commit(m, step + 1);
+          if (step + 1 == split && state.epochs().size() == 1) {
+            if (s.worker_index() == 0) {
+              model ahead = m;
+              ahead.p[0] += 12345;  // a step nobody else completed
+              state.commit(ahead, split + 1);
+            }
+            throw mirror::worker_lost_error("a loss, for the test", {}, {});
+          }
+        }
+      },
+      [&](const mirror::worker_lost_error&) { ++losses; });
+  CHECK(losses == 1);
+  const model expected = elastic_model::replay(steps, batch);
+  CHECK(st.value().p == expected.p);
+  CHECK(st.value().rows_seen == expected.rows_seen);
+  REQUIRE(st.epochs().size() == 2);
+  CHECK(st.epochs()[1].first_step == split);
+  CHECK(st.epochs()[1].workers == W);
 }

@@ -1128,7 +1128,7 @@ struct group::impl {
   bool fault_tolerant = false;  // ULFM built in and on at run time
   /// The group's worker_lost_error once it is lost (above); null where nothing failed or the
   /// extension is off. Call while holding `driver`, not `mutex`.
-  std::exception_ptr lose_if_failed(bool certain = false);
+  std::exception_ptr lose_if_failed();
   /// The workers of `data` that MPI knows to have failed, in increasing order.
   std::vector<int> failed_workers() const;
 

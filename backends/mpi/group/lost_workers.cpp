@@ -92,7 +92,7 @@ std::vector<int> group::impl::failed_workers() const {
 #endif
 }
 
-std::exception_ptr group::impl::lose_if_failed(bool certain) {
+std::exception_ptr group::impl::lose_if_failed() {
 #if MIRROR_HAS_ULFM
   if (!fault_tolerant) return nullptr;
   {
@@ -103,7 +103,7 @@ std::exception_ptr group::impl::lose_if_failed(bool certain) {
   int revoked_data = 0, revoked_control = 0;
   MPIX_Comm_is_revoked(data, &revoked_data);
   MPIX_Comm_is_revoked(control, &revoked_control);
-  if (lost.empty() && !revoked_data && !revoked_control && !certain) return nullptr;  // another MPI error
+  if (lost.empty() && !revoked_data && !revoked_control) return nullptr;  // another MPI error
   // Every survivor's pending and later calls on these communicators end now, wherever it waits:
   // a survivor that waits on another survivor (a ring's neighbour) would otherwise wait for the
   // timeout.
@@ -151,68 +151,6 @@ std::exception_ptr group::impl::lose_if_failed(bool certain) {
 #else
   return nullptr;
 #endif
-}
-
-bool group::vote(bool mine) {
-  impl& m = *impl_;
-#if MIRROR_HAS_ULFM
-  if (m.fault_tolerant) {
-    // On the control communicator, which carries no collective of the group's: nothing posted on
-    // the data communicator can pair with it. MPI's agreement works on a revoked communicator
-    // too, so the survivors of a lost group still vote.
-    std::unique_lock turn(m.driver);  // this worker's MPI calls are ours until the vote ends
-    if (!m.is_lost()) {
-      try {
-        m.serve_control();
-        m.progress_sends();
-        m.note_local_failure();
-        if (m.pending > m.drained && !m.is_broken()) m.recover(m.pending, {});
-      } catch (...) {
-        m.mark_broken_mpi(std::current_exception());
-      }
-    }
-    auto flag = std::make_unique<int[]>(1);  // on the heap: kept if the wait gives up (agree() says why)
-    flag[0] = mine ? 1 : 0;
-    MPI_Request request = MPI_REQUEST_NULL;
-    support::check(MPIX_Comm_iagree(m.control, flag.get(), &request), "MPIX_Comm_iagree", "mirror::elastic::commit");
-    const auto start = clock::now();
-    for (;;) {
-      int done = 0;
-      const int code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-      int cls = code;
-      MPI_Error_class(code, &cls);
-      // A failure (known before or during the vote) ends the agreement with MPI's failure
-      // class on some workers; its flag is still every survivor's AND.
-      if (code != MPI_SUCCESS && cls != MPIX_ERR_PROC_FAILED && cls != MPIX_ERR_REVOKED) {
-        support::fail(code, "MPI_Test (MPIX_Comm_iagree) in mirror::elastic::commit");
-      }
-      if (done || code != MPI_SUCCESS) break;
-      if (clock::now() - start >= m.timeout) {
-        m.abandoned.push_back(request);
-        keep_until_exit(flag);
-        const std::string text = detail::format("mirror: worker %d waited for the timeout of %lld ms "
-                                                "(devices::Cluster{.timeout}) in mirror::elastic::commit for the other "
-                                                "workers' votes; raise the timeout if they are just slow",
-                                                m.w, static_cast<long long>(m.timeout.count()))
-                                     .c_str();
-        std::lock_guard lock(m.mutex);
-        if (m.broken.why == impl::broken_state::none) m.broken = {impl::broken_state::timeout, -1, text, {}, {}};
-        throw timeout_error(text, {});
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    return flag[0] != 0;
-  }
-#endif
-  std::int32_t flag = mine ? 1 : 0;
-  all_reduce(&flag, 1, detail::element_kind_of<std::int32_t>(), ReduceOp::min, "mirror::elastic::commit", false);
-  return flag != 0;
-}
-
-std::exception_ptr group::loss(bool certain) {
-  impl& m = *impl_;
-  std::unique_lock turn(m.driver);
-  return m.lose_if_failed(certain);
 }
 
 bool fault_tolerant() {
