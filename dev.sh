@@ -135,7 +135,7 @@ ft_test() {
     return 0
   fi
   configure build-ft -Dpkg_config_path="$PWD/build-ft/mpi-venv/pkgconfig" -Dtests=enabled -Dexamples=true \
-    -Dbenchmarks=false -Dmpi=enabled \
+    -Dbenchmarks=true -Dmpi=enabled \
     -Dfashion_mnist=disabled -Dcuda=disabled -Dnccl=disabled -Dgpu_kit=disabled -Ddocs=false
   grep -q '#define MIRROR_HAS_ULFM 1' build-ft/mirror/config.hpp ||
     die "build-ft: Meson found no MPIX_Comm_shrink in build-ft/mpi-venv's mpi-ext.h"
