@@ -136,10 +136,11 @@ ft_test() {
   fi
   configure build-ft -Dpkg_config_path="$PWD/build-ft/mpi-venv/pkgconfig" -Dtests=enabled -Dexamples=true \
     -Dbenchmarks=true -Dmpi=enabled \
-    -Dfashion_mnist=disabled -Dcuda=disabled -Dnccl=disabled -Dgpu_kit=disabled -Ddocs=false
+    -Dfashion_mnist=enabled -Dcuda=disabled -Dnccl=disabled -Dgpu_kit=disabled -Ddocs=false
   grep -q '#define MIRROR_HAS_ULFM 1' build-ft/mirror/config.hpp ||
     die "build-ft: Meson found no MPIX_Comm_shrink in build-ft/mpi-venv's mpi-ext.h"
-  meson compile -C build-ft tests/mpi/mpi_elastic_test tests/mpi/elastic_kill examples/guide_elastic
+  meson compile -C build-ft tests/mpi/mpi_elastic_test tests/mpi/elastic_kill examples/guide_elastic \
+    examples/fashion_mnist
   log "meson test -C build-ft --suite elastic --print-errorlogs $*"
   meson test -C build-ft --no-rebuild --suite elastic --print-errorlogs "$@"
 }

@@ -51,6 +51,11 @@
 #include <utility>
 #include <vector>
 #include <mirror/mirror.hpp>
+#include <functional>
+#if MIRROR_HAS_MPI
+#include <csignal>
+#include <mirror/backends/mpi/elastic.hpp>  // --elastic
+#endif
 #include "dataset.hpp"
 #include "gunzip.hpp"
 #include "idx.hpp"
@@ -83,6 +88,9 @@ struct Options {
   std::string device = "threads";
   std::string timeline;  // --timeline FILE: the strategy's timeline (docs/debugging.md)
   double overlap_mib = -1;  // --overlap MIB: bucketed reduction during backward (< 0: off)
+  bool elastic = false;      // --elastic: go on after a worker dies (cluster, replicated optimiser)
+  std::size_t commit_every = 10;  // --commit-every N: steps between the elastic loop's commits
+  long long kill_at_step = -1;    // --kill-at-step K: the last worker dies at step K (a demonstration)
 };
 
 constexpr const char* usage_text =
@@ -114,7 +122,13 @@ constexpr const char* usage_text =
     "                    are runs of the one gradient array, each all-reduced in place on the\n"
     "                    replica's communication stream)\n"
     "  --timeline FILE   write a timeline of the training to FILE, a Chrome trace that Perfetto and\n"
-    "                    chrome://tracing open (each worker of a cluster: FILE.worker<w>.json)\n";
+    "                    chrome://tracing open (each worker of a cluster: FILE.worker<w>.json)\n"
+    "  --elastic 1       with --device cluster and --optimizer replicated, under an MPI with its\n"
+    "                    fault-tolerance extension (mpirun --with-ft ulfm): when a worker dies the others\n"
+    "                    go on from the last commit (mirror::elastic), the global batches re-split over\n"
+    "                    the survivors\n"
+    "  --commit-every N  --elastic: commit the model every N steps (default 10)\n"
+    "  --kill-at-step K  --elastic: the last worker kills itself (SIGKILL) at step K, to show it\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
   std::fprintf(stderr, "fashion_mnist: %s\n%s", msg.c_str(), usage_text);
@@ -179,6 +193,12 @@ Options parse(int argc, char** argv) {
       if (end == v || *end != '\0' || !(o.overlap_mib >= 0)) {
         usage_error("--overlap needs a bucket size in MiB >= 0, got '" + std::string(v) + "'");
       }
+    } else if (a == "--elastic") {
+      o.elastic = parse_number(a, v, 0) != 0;
+    } else if (a == "--commit-every") {
+      o.commit_every = parse_number(a, v, 1);
+    } else if (a == "--kill-at-step") {
+      o.kill_at_step = static_cast<long long>(parse_number(a, v, 0));
     } else if (a == "--device") {
       o.device = v;
       if (o.device != "threads" && o.device != "cuda" && o.device != "auto" && o.device != "cluster") {
@@ -195,6 +215,10 @@ Options parse(int argc, char** argv) {
     } else {
       usage_error("unknown option '" + std::string(a) + "'");
     }
+  }
+  if (o.elastic && (o.device != "cluster" || o.optimizer != "replicated")) {
+    usage_error("--elastic needs --device cluster and --optimizer replicated (the committed model is the mirrored "
+                "parameters and momentum)");
   }
   return o;
 }
@@ -263,10 +287,20 @@ bool chief = true;  // prints the progress lines (every worker of a cluster trai
 const fm::Params& params_of(const fm::State& s) noexcept { return s.params; }
 const fm::Params& params_of(const fm::Params& p) noexcept { return p; }
 
-template <class Device, class Ops, bool Sharded>
-double train_and_test(const Options& o, const fm::split& train, const fm::split& test, Device device) {
-  using Strategy = mirror::Strategy<Device, Ops>;
-  Strategy strategy{device};
+/// Where an --elastic loop resumes: the committed model and the step after it, and where to
+/// commit (every --commit-every steps). `first` is its first strategy (--kill-at-step fires there).
+struct Resume {
+  const fm::State& model;
+  std::size_t step;
+  std::function<void(const fm::State&, std::size_t)> commit;
+  bool first;
+};
+
+/// Trains on `strategy` and returns the test accuracy; with `resume`, from its model and step,
+/// committing as it goes (the replicated optimiser only).
+template <bool Sharded, class Strategy>
+double train_and_test_on(Strategy& strategy, const Options& o, const fm::split& train, const fm::split& test,
+                         const Resume* resume) {
   if (!o.timeline.empty()) strategy.set_timeline(o.timeline);
   chief = strategy.is_chief();
   const int replicas = strategy.num_replicas_in_sync();  // in every worker
@@ -283,7 +317,8 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
                          return mirror::cut_for_replica(fm::zero_params(), c);
                        })};
     } else {
-      return strategy.make_variable(fm::State{fm::init_params(o.seed), fm::zero_params()});
+      return strategy.make_variable(resume != nullptr ? resume->model
+                                                      : fm::State{fm::init_params(o.seed), fm::zero_params()});
     }
   }();
   // Each replica's activations and gradient buffers (replica i receives component i).
@@ -363,6 +398,7 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
 
   const std::size_t steps_per_epoch = (train.rows + o.batch_size - 1) / o.batch_size;
   const double total_steps = static_cast<double>(steps_per_epoch) * o.epochs;
+  const std::size_t first_step = resume != nullptr ? resume->step : 0;
   std::size_t step = 0;
   Progress progress;
 
@@ -370,6 +406,12 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
     const auto start = std::chrono::steady_clock::now();
     // Shuffle the training set (the same permutation whatever the replica count).
     for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[shuffle_rng.below(i)]);
+    // An elastic loop that resumes skips the steps before its commit (the permutations above
+    // still advance, so every epoch's order is the same as without a loss).
+    if (step + steps_per_epoch <= first_step) {
+      step += steps_per_epoch;
+      continue;
+    }
     // The gather (47 MB) is memory-bound: every replica of this process copies a share.
     strategy.run([&, local](auto& ctx) {
       const std::size_t r = static_cast<std::size_t>(ctx.replica_id_in_sync_group() % local);
@@ -387,12 +429,28 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
     }
 
     double loss_sum = 0, correct_sum = 0;
-    std::size_t seen = 0, k = 0;
+    std::size_t seen = 0, k = first_step > step ? first_step - step : 0;
+    step += k;
+    batches.erase(batches.begin(), batches.begin() + static_cast<std::ptrdiff_t>(k));
+    k = 0;
     for (const auto& per_replica : strategy.distribute_dataset(batches)) {
       const std::size_t g = batches[k++].labels.size();
+#if MIRROR_HAS_MPI
+      if constexpr (Strategy::multi_worker) {
+        if (resume != nullptr && resume->first && static_cast<long long>(step) == o.kill_at_step &&
+            strategy.worker_index() == strategy.num_workers() - 1) {
+          std::printf("worker %d: killing itself (SIGKILL) at step %zu\n", strategy.worker_index(), step);
+          std::fflush(stdout);
+          std::raise(SIGKILL);
+        }
+      }
+#endif
       const double t = static_cast<double>(step++) / total_steps;
       const StepInfo info{g, static_cast<float>(o.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * t)))};
       const auto [losses, correct] = step_on(per_replica, info);  // PerReplica each
+      if (resume != nullptr && (step % o.commit_every == 0 || step == static_cast<std::size_t>(total_steps))) {
+        if constexpr (!Sharded) resume->commit(variable.value(), step);
+      }
       const float loss = strategy.reduce(mirror::ReduceOp::mean, losses, mirror::axis0);
       const float accuracy = strategy.reduce(mirror::ReduceOp::mean, correct, mirror::axis0);
       loss_sum += static_cast<double>(loss) * g;
@@ -428,6 +486,46 @@ double train_and_test(const Options& o, const fm::split& train, const fm::split&
   }
   return accuracy;
 }
+
+template <class Device, class Ops, bool Sharded>
+double train_and_test(const Options& o, const fm::split& train, const fm::split& test, Device device) {
+  mirror::Strategy<Device, Ops> strategy{device};
+  return train_and_test_on<Sharded>(strategy, o, train, test, nullptr);
+}
+
+#if FASHION_MNIST_CLUSTER
+/// --elastic: the cluster's training inside mirror::elastic::train. The committed state is the
+/// model (parameters and momentum, mirrored) and its step; after a loss the survivors resume from
+/// it on a strategy over themselves, the global batches split over fewer replicas.
+double train_elastic(const Options& o, const fm::split& train, const fm::split& test,
+                     const mirror::devices::Threads& threads) {
+  using Cluster = mirror::devices::Cluster<mirror::devices::Threads>;
+  using Strategy = mirror::Strategy<Cluster>;
+  mirror::elastic::state<fm::State> state{fm::State{fm::init_params(o.seed), fm::zero_params()}};
+  double accuracy = 0;
+  mirror::elastic::train<Strategy>(
+      Cluster{.local = threads}, state,
+      [&](Strategy& strategy, mirror::elastic::state<fm::State>& st) {
+        const Resume resume{st.value(), static_cast<std::size_t>(st.step()),
+                            [&](const fm::State& model, std::size_t step) {
+                              st.commit(model, static_cast<std::int64_t>(step));
+                            },
+                            st.epochs().size() == 1};
+        if (strategy.is_chief() && !resume.first) {
+          std::printf("resuming at step %zu on %d workers (%d replicas)\n", resume.step, strategy.num_workers(),
+                      strategy.num_replicas_in_sync());
+          std::fflush(stdout);
+        }
+        accuracy = train_and_test_on<false>(strategy, o, train, test, &resume);
+      },
+      [&](const mirror::worker_lost_error& e) {
+        if (!chief) return;  // the last strategy's chief, if it survived, tells
+        std::printf("\n%s\n", e.what());  // below the progress bar, where one is drawn
+        std::fflush(stdout);
+      });
+  return accuracy;
+}
+#endif
 
 /// `--device auto`: cuda when this process sees a GPU (and was built with CUDA), else threads.
 std::string resolve_device(const std::string& device) {
@@ -654,7 +752,11 @@ int main(int argc, char** argv) {
     if (o.device == "cluster") {
 #if FASHION_MNIST_CLUSTER
       using Cluster = mirror::devices::Cluster<Threads>;
-      accuracy = train_with_optimizer<Cluster, mirror::default_ops_t<Cluster>>(o, train, test, Cluster{.local = threads});
+      if (o.elastic) {
+        accuracy = train_elastic(o, train, test, threads);
+      } else {
+        accuracy = train_with_optimizer<Cluster, mirror::default_ops_t<Cluster>>(o, train, test, Cluster{.local = threads});
+      }
 #endif
     } else if (o.device == "cuda") {
 #if FASHION_MNIST_GPU
