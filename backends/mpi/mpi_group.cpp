@@ -233,7 +233,7 @@ group::group(const group_options& o) : impl_(new impl()) {
   } catch (const backend_error& e) {
     // A worker that dies while the others build their strategy fails its duplications and checks:
     // a loss, as later (elastic::train builds the next strategy on the survivors).
-    if (m.fault_tolerant) support::throw_if_lost(o.comm, e);
+    if (m.fault_tolerant) support::throw_if_lost(o.comm, o.local_replicas, e);
     throw;
   }
 }

@@ -264,9 +264,9 @@ class errors_returned {
   MPI_Errhandler previous_ = MPI_ERRHANDLER_NULL;
 };
 /// With the fault-tolerance extension: throws worker_lost_error naming the processes of `comm` that
-/// MPI knows to have died, when `e` (an MPI failure) is one of the extension's failure classes;
-/// returns otherwise. (group/lost_workers.cpp)
-void throw_if_lost(const communicator& comm, const backend_error& e);
+/// MPI knows to have died (and their replicas, `local_replicas` each), when `e` (an MPI failure)
+/// is one of the extension's failure classes; returns otherwise. (group/lost_workers.cpp)
+void throw_if_lost(const communicator& comm, int local_replicas, const backend_error& e);
 
 /// Polls `request` (a collective of the strategy's construction on `comm`) until it completes;
 /// at `deadline` throws mirror::timeout_error saying that not every worker built its strategy

@@ -65,19 +65,24 @@ MPI_Comm comm_of(const communicator& comm) { return comm.is_world() ? MPI_COMM_W
 
 namespace support {
 
-void throw_if_lost(const communicator& comm, const backend_error& e) {
+void throw_if_lost(const communicator& comm, int local_replicas, const backend_error& e) {
 #if MIRROR_HAS_ULFM
   if (!is_failure_class(static_cast<int>(e.code()))) return;
   const std::vector<int> lost = failed_ranks(comm_of(comm));
+  std::vector<int> replicas;
   std::string names;
-  for (const int p : lost) names += detail::format("%s%d", names.empty() ? "" : ", ", p).c_str();
+  for (const int p : lost) {
+    names += detail::format("%s%d", names.empty() ? "" : ", ", p).c_str();
+    for (int r = 0; r < local_replicas; ++r) replicas.push_back(p * local_replicas + r);
+  }
   throw worker_lost_error(detail::format("mirror::devices::Cluster: %s {%s} of the communicator died while the strategy "
                                          "was being built (%s); build it again on the survivors "
                                          "(mirror::mpi::survivors; mirror::elastic::train does)",
                                          lost.size() == 1 ? "process" : "processes", names.c_str(), e.what()),
-                          lost, {});
+                          lost, replicas);
 #else
   (void)comm;
+  (void)local_replicas;
   (void)e;
 #endif
 }
