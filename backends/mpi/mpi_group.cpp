@@ -109,9 +109,11 @@ void wait_for_everyone(MPI_Request& request, clock::time_point deadline, std::ch
 
 }  // namespace support
 
-group::group(const group_options& o) : impl_(new impl()) {
+// A function-try-block: a worker that dies while the others build their strategy fails their
+// duplications and checks, which is a loss, as later (elastic::train builds the next strategy on
+// the survivors).
+group::group(const group_options& o) try : impl_(new impl()) {
   impl& m = *impl_;
-  try {
   if (o.timeout.count() <= 0) {
     throw std::invalid_argument(detail::format("mirror::devices::Cluster{.timeout = %lld ms}: the cross-worker timeout "
                                                "must be positive",
@@ -230,12 +232,12 @@ group::group(const group_options& o) : impl_(new impl()) {
   check(MPI_Comm_set_attr(MPI_COMM_SELF, m.keyval, &m), "MPI_Comm_set_attr");
   if (both[2] != 0) m.ring_algorithm.usable = false;  // some worker cannot: none does
   m.thread = std::thread([&m] { m.main_loop(); });
-  } catch (const backend_error& e) {
-    // A worker that dies while the others build their strategy fails its duplications and checks:
-    // a loss, as later (elastic::train builds the next strategy on the survivors).
-    if (m.fault_tolerant) support::throw_if_lost(o.comm, o.local_replicas, e);
-    throw;
-  }
+} catch (const backend_error& e) {
+  int up = 0, down = 0;
+  MPI_Initialized(&up);
+  MPI_Finalized(&down);
+  if (up && !down && fault_tolerant()) support::throw_if_lost(o.comm, o.local_replicas, e);
+  // (the handler of a constructor's function-try-block rethrows e at its end)
 }
 
 group::~group() {
