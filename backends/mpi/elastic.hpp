@@ -55,7 +55,10 @@ class state {
 
   /// Commits `now` as the state after step `step` (a copy, into storage reused from the commit
   /// before the last). **Requires**: every worker commits at the same steps, after the step's
-  /// collectives completed; `step` greater than the last commit's.
+  /// collectives completed; between two commits at least one collective that every worker takes
+  /// part in (a step's all-reduce of its gradients), which keeps the workers within one commit
+  /// of each other; `step` greater than the last commit's. Where they are further apart after
+  /// a loss, `train` throws `mirror::error` saying so.
   void commit(const T& now, std::int64_t step) {
     const int other = 1 - latest_;
     if (slots_[other]) {
