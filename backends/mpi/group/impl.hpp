@@ -35,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <limits>
 #include <list>
 #include <map>
@@ -243,17 +244,22 @@ void initialize_mpi();
 /// For its lifetime, MPI errors on `comm` return instead of calling its error handler (MPI_COMM_WORLD's
 /// ends the job): where a worker may die during a call on the user's communicator (the
 /// construction, mpi::survivors, mpi::agree) under the fault-tolerance extension. The handler
-/// is put back after. Does nothing when `active` is false.
+/// is put back after, unless the scope is left by an exception or keep() was called: then the
+/// communicator has a dead member, and MPI may still advance, in any later MPI call of the
+/// process, the parts of an operation that failed on it (a duplication's own collectives),
+/// whose error would reach the handler. Does nothing when `active` is false.
 class errors_returned {
  public:
-  errors_returned(MPI_Comm comm, bool active) : comm_(comm) {
+  errors_returned(MPI_Comm comm, bool active) : comm_(comm), exceptions_(std::uncaught_exceptions()) {
     if (!active) return;
     if (MPI_Comm_get_errhandler(comm_, &previous_) != MPI_SUCCESS) return;
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   }
+  /// Leaves MPI_ERRORS_RETURN on the communicator (it has lost a process).
+  void keep() noexcept { kept_ = true; }
   ~errors_returned() {
     if (previous_ == MPI_ERRHANDLER_NULL) return;
-    MPI_Comm_set_errhandler(comm_, previous_);
+    if (!kept_ && std::uncaught_exceptions() == exceptions_) MPI_Comm_set_errhandler(comm_, previous_);
     MPI_Errhandler_free(&previous_);
   }
   errors_returned(const errors_returned&) = delete;
@@ -261,6 +267,8 @@ class errors_returned {
 
  private:
   MPI_Comm comm_;
+  int exceptions_;
+  bool kept_ = false;
   MPI_Errhandler previous_ = MPI_ERRHANDLER_NULL;
 };
 /// With the fault-tolerance extension: throws worker_lost_error naming the processes of `comm` that

@@ -67,8 +67,18 @@ namespace support {
 
 void throw_if_lost(const communicator& comm, int local_replicas, const backend_error& e) {
 #if MIRROR_HAS_ULFM
-  if (!is_failure_class(static_cast<int>(e.code()))) return;
-  const std::vector<int> lost = failed_ranks(comm_of(comm));
+  // A duplication whose own collectives met the dead can also end in MPI_ERR_INTERN: a loss
+  // where MPI names a dead process of `comm` (it may take a moment of progress to learn it).
+  std::vector<int> lost = failed_ranks(comm_of(comm));
+  if (lost.empty() && !is_failure_class(static_cast<int>(e.code()))) {
+    for (const auto until = clock::now() + std::chrono::milliseconds(500); lost.empty() && clock::now() < until;) {
+      int flag = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      lost = failed_ranks(comm_of(comm));
+    }
+    if (lost.empty()) return;  // another MPI error
+  }
   std::vector<int> replicas;
   std::string names;
   for (const int p : lost) {
@@ -178,7 +188,8 @@ communicator survivors(const communicator& comm) {
                         -1);
   }
   MPI_Comm shrunk = MPI_COMM_NULL;
-  const support::errors_returned on_comm{from, true};
+  support::errors_returned on_comm{from, true};
+  on_comm.keep();  // `from` has lost processes (errors_returned says why)
   support::check(MPIX_Comm_shrink(from, &shrunk), "MPIX_Comm_shrink", "mirror::mpi::survivors");
   MPIX_Comm_failure_ack(from);
   MPI_Comm_set_errhandler(shrunk, MPI_ERRORS_RETURN);
@@ -196,7 +207,7 @@ bool agree(const communicator& comm, bool mine, std::chrono::milliseconds timeou
 #if MIRROR_HAS_ULFM
   if (fault_tolerant()) {
     const MPI_Comm c = comm_of(comm);
-    const support::errors_returned on_comm{c, true};
+    support::errors_returned on_comm{c, true};
     // On the heap: kept if the wait gives up, since MPI writes the flag when the agreement ends.
     auto flag = std::make_unique<int[]>(1);
     flag[0] = mine ? 1 : 0;
@@ -218,6 +229,7 @@ bool agree(const communicator& comm, bool mine, std::chrono::milliseconds timeou
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     MPIX_Comm_failure_ack(c);
+    if (flag[0] == 0 || !failed_ranks(c).empty()) on_comm.keep();
     return flag[0] != 0;
   }
 #endif
