@@ -1137,8 +1137,6 @@ struct group::impl {
   /// The group's worker_lost_error once it is lost (above); null where nothing failed or the
   /// extension is off. Call while holding `driver`, not `mutex`.
   std::exception_ptr lose_if_failed();
-  /// The workers of `data` that MPI knows to have failed, in increasing order.
-  std::vector<int> failed_workers() const;
 
   void send(int dest, int tag, const void* bytes, std::size_t n, MPI_Request*);
 

@@ -52,6 +52,20 @@ std::vector<int> failed_ranks(MPI_Comm comm) {
   return ranks;
 }
 
+// failed_ranks(comm), waiting up to `limit` for MPI to name at least one: a revocation or an error
+// can reach this process before it hears who died, which it learns while it makes progress (a
+// probe of MPI_COMM_SELF gives it; within milliseconds here).
+std::vector<int> failed_ranks_within(MPI_Comm comm, clock::duration limit) {
+  std::vector<int> ranks = failed_ranks(comm);
+  for (const auto until = clock::now() + limit; ranks.empty() && clock::now() < until;) {
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ranks = failed_ranks(comm);
+  }
+  return ranks;
+}
+
 bool is_failure_class(int code) {
   int cls = code;
   MPI_Error_class(code, &cls);
@@ -68,17 +82,11 @@ namespace support {
 void throw_if_lost(const communicator& comm, int local_replicas, const backend_error& e) {
 #if MIRROR_HAS_ULFM
   // A duplication whose own collectives met the dead can also end in MPI_ERR_INTERN: a loss
-  // where MPI names a dead process of `comm` (it may take a moment of progress to learn it).
-  std::vector<int> lost = failed_ranks(comm_of(comm));
-  if (lost.empty() && !is_failure_class(static_cast<int>(e.code()))) {
-    for (const auto until = clock::now() + std::chrono::milliseconds(500); lost.empty() && clock::now() < until;) {
-      int flag = 0;
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      lost = failed_ranks(comm_of(comm));
-    }
-    if (lost.empty()) return;  // another MPI error
-  }
+  // where MPI names a dead process of `comm`.
+  const bool failure_class = is_failure_class(static_cast<int>(e.code()));
+  const std::vector<int> lost =
+      failure_class ? failed_ranks(comm_of(comm)) : failed_ranks_within(comm_of(comm), std::chrono::milliseconds(500));
+  if (!failure_class && lost.empty()) return;  // another MPI error
   std::vector<int> replicas;
   std::string names;
   for (const int p : lost) {
@@ -99,14 +107,6 @@ void throw_if_lost(const communicator& comm, int local_replicas, const backend_e
 
 }  // namespace support
 
-std::vector<int> group::impl::failed_workers() const {
-#if MIRROR_HAS_ULFM
-  return failed_ranks(data);
-#else
-  return {};
-#endif
-}
-
 std::exception_ptr group::impl::lose_if_failed() {
 #if MIRROR_HAS_ULFM
   if (!fault_tolerant) return nullptr;
@@ -114,7 +114,7 @@ std::exception_ptr group::impl::lose_if_failed() {
     std::lock_guard lock(mutex);
     if (broken.why == broken_state::workers_lost) return broken_error();
   }
-  std::vector<int> lost = failed_workers();
+  std::vector<int> lost = failed_ranks(data);
   int revoked_data = 0, revoked_control = 0;
   MPIX_Comm_is_revoked(data, &revoked_data);
   MPIX_Comm_is_revoked(control, &revoked_control);
@@ -124,15 +124,7 @@ std::exception_ptr group::impl::lose_if_failed() {
   // timeout.
   if (!revoked_data) MPIX_Comm_revoke(data);
   if (!revoked_control) MPIX_Comm_revoke(control);
-  // A revocation can reach this worker before it hears who died: MPI learns that while it makes
-  // progress, which a probe of MPI_COMM_SELF gives it (it names them within milliseconds here).
-  const auto named_by = clock::now() + std::min<clock::duration>(timeout, std::chrono::seconds(10));
-  while (lost.empty() && clock::now() < named_by) {
-    int flag = 0;
-    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    lost = failed_workers();
-  }
+  if (lost.empty()) lost = failed_ranks_within(data, std::min<clock::duration>(timeout, std::chrono::seconds(10)));
   // MPI_Finalize waits for every process of MPI_COMM_WORLD, the dead ones too, unless this
   // process acknowledged their failure.
   MPIX_Comm_failure_ack(MPI_COMM_WORLD);
@@ -180,8 +172,8 @@ bool fault_tolerant() {
 }
 
 communicator survivors(const communicator& comm) {
-  const MPI_Comm from = comm.is_world() ? MPI_COMM_WORLD : comm.get<MPI_Comm>();
 #if MIRROR_HAS_ULFM
+  const MPI_Comm from = comm_of(comm);
   if (!fault_tolerant()) {
     throw backend_error("mirror::mpi::survivors: MPI's fault-tolerance extension is off in this job; launch it with "
                         "mpirun --with-ft ulfm (Open MPI 5)",
@@ -195,7 +187,7 @@ communicator survivors(const communicator& comm) {
   MPI_Comm_set_errhandler(shrunk, MPI_ERRORS_RETURN);
   return communicator(shrunk);
 #else
-  (void)from;
+  (void)comm;
   throw backend_error("mirror::mpi::survivors: this mirror was built against an MPI without the fault-tolerance "
                       "extension (ULFM); build it against Open MPI 5 (./dev.sh ft-test shows how) to go on after a "
                       "lost worker",
