@@ -166,6 +166,29 @@ TEST_CASE("a worker killed while a started all-reduce is in flight on the commun
 using elastic_model::model;
 using elastic_model::params;
 
+namespace {
+
+// Step `step` of `m` on `s`: each replica's rows of global batch `step` (`batch` rows), their
+// gradient all-reduced (rows_gradient's layout). `before(ctx)` runs first on every replica: a
+// death, in the case that kills inside fn.
+template <class Before>
+std::vector<std::int64_t> reduced_gradient(Strategy& s, const model& m, std::int64_t step, int batch, Before before) {
+  const int per = batch / s.num_replicas_in_sync();
+  const auto grads = s.run([&](auto& ctx) {
+    before(ctx);
+    const int g = ctx.replica_id_in_sync_group();
+    auto mine = elastic_model::rows_gradient(m, step, g * per, (g + 1) * per);
+    ctx.all_reduce(ReduceOp::sum, std::span<std::int64_t>(mine));
+    return mine;
+  });
+  return grads[0];
+}
+std::vector<std::int64_t> reduced_gradient(Strategy& s, const model& m, std::int64_t step, int batch) {
+  return reduced_gradient(s, m, step, batch, [](auto&) {});
+}
+
+}  // namespace
+
 TEST_CASE("mirror::elastic::train without a loss: one strategy, every step committed, exact", "[no-loss]") {
   const int R = replicas(), W = world_size();
   const int batch = 12 * R;
@@ -177,14 +200,7 @@ TEST_CASE("mirror::elastic::train without a loss: one strategy, every step commi
     ++calls;
     model m = state.value();
     for (std::int64_t step = state.step(); step < steps; ++step) {
-      const int per = batch / s.num_replicas_in_sync();
-      const auto grads = s.run([&](auto& ctx) {
-        const int g = ctx.replica_id_in_sync_group();
-        auto mine = elastic_model::rows_gradient(m, step, g * per, (g + 1) * per);
-        ctx.all_reduce(ReduceOp::sum, std::span<std::int64_t>(mine));
-        return mine;
-      });
-      elastic_model::apply_step(m, grads[0]);
+      elastic_model::apply_step(m, reduced_gradient(s, m, step, batch));
       state.commit(m, step + 1);
       REQUIRE(state.step() == step + 1);
     }
@@ -211,19 +227,13 @@ TEST_CASE("mirror::elastic::train: two workers die (inside fn, then before a com
                                    [&](Strategy& s, mirror::elastic::state<model>& state) {
     model m = state.value();
     for (std::int64_t step = state.step(); step < steps; ++step) {
-      const int N = s.num_replicas_in_sync();
-      REQUIRE(batch % N == 0);
-      const int per = batch / N;
-      const auto grads = s.run([&](auto& ctx) {
+      REQUIRE(batch % s.num_replicas_in_sync() == 0);
+      const auto total = reduced_gradient(s, m, step, batch, [&](auto& ctx) {
         // First loss: the last world rank, inside fn, before its collective.
         if (step == first_loss && me == W - 1 && ctx.replica_id_in_sync_group() == s.worker_index() * R) die();
-        const int g = ctx.replica_id_in_sync_group();
-        auto mine = elastic_model::rows_gradient(m, step, g * per, (g + 1) * per);
-        ctx.all_reduce(ReduceOp::sum, std::span<std::int64_t>(mine));
-        return mine;
       });
-      REQUIRE(grads[0][params] == batch);  // every row of the global batch, once
-      elastic_model::apply_step(m, grads[0]);
+      REQUIRE(total[params] == batch);  // every row of the global batch, once
+      elastic_model::apply_step(m, total);
       // Second loss: world rank 1, after its step, before its commit: the others still commit
       // that step (it completed everywhere), and the next finds the loss. Half a
       // second after the first: Open MPI 5.0's MPI_Finalize can wait for ever on survivors of two
@@ -267,14 +277,7 @@ TEST_CASE("mirror::elastic::train: a survivor one commit ahead of the others res
       [&](Strategy& s, mirror::elastic::state<model>& state) {
         model m = state.value();
         for (std::int64_t step = state.step(); step < steps; ++step) {
-          const int per = batch / s.num_replicas_in_sync();
-          const auto grads = s.run([&](auto& ctx) {
-            const int g = ctx.replica_id_in_sync_group();
-            auto mine = elastic_model::rows_gradient(m, step, g * per, (g + 1) * per);
-            ctx.all_reduce(ReduceOp::sum, std::span<std::int64_t>(mine));
-            return mine;
-          });
-          elastic_model::apply_step(m, grads[0]);
+          elastic_model::apply_step(m, reduced_gradient(s, m, step, batch));
           state.commit(m, step + 1);
           if (step + 1 == split && state.epochs().size() == 1) {
             if (s.worker_index() == 0) {
