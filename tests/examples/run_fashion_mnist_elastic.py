@@ -15,13 +15,7 @@ import re
 import subprocess
 import sys
 
-FILES = ['train-images-idx3-ubyte', 'train-labels-idx1-ubyte', 't10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte']
-
-
-def skip(why):
-    banner = '!' * 78
-    print(f'{banner}\nSKIPPED: {why}\n{banner}', flush=True)
-    sys.exit(77)
+from run_fashion_mnist_cluster import FILES, skip  # the same data files, the same loud skip
 
 
 def run(cmd):
