@@ -281,6 +281,7 @@ class Progress {
 };
 
 bool chief = true;  // prints the progress lines (every worker of a cluster trains the same model)
+bool lost_a_worker = false;  // --elastic: this process survived a worker's death
 
 /// The parameters of the model in `state` (the replicated optimiser's State, or the sharded
 /// one's Params).
@@ -519,6 +520,7 @@ double train_elastic(const Options& o, const fm::split& train, const fm::split& 
         accuracy = train_and_test_on<false>(strategy, o, train, test, &resume);
       },
       [&](const mirror::worker_lost_error& e) {
+        lost_a_worker = true;
         if (!chief) return;  // the last strategy's chief, if it survived, tells
         std::printf("\n%s\n", e.what());  // below the progress bar, where one is drawn
         std::fflush(stdout);
@@ -766,6 +768,12 @@ int main(int argc, char** argv) {
       accuracy = train_with_policy(o, train, test, threads);
     }
     if (chief) std::printf("test_accuracy=%.4f\n", accuracy);
+    if (lost_a_worker) {
+      // Open MPI 5.0's MPI_Finalize (at exit) can wait for ever on the survivors of a death
+      // (docs/multi-worker.md#losing-a-worker): the results are out, so leave without it.
+      std::fflush(stdout);
+      std::_Exit(0);
+    }
     return 0;
   } catch (const fm::idx_error& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
